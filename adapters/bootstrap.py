@@ -1,0 +1,112 @@
+"""The composition root: builds clients, store, broker and app from Settings.
+
+Nothing in the code base connects at import time; everything is built here,
+once per process (each gunicorn worker, each dramatiq worker process).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass
+
+import dramatiq
+import redis
+
+from adapters.logs import log_event
+from adapters.queue import (
+    AttemptRecorder,
+    ImportQueue,
+    ImportRunner,
+    UnsentSweeper,
+    build_broker,
+    declare_import_actor,
+)
+from adapters.redis_store import RedisStore, StoreUnavailable
+from adapters.settings import Settings, SettingsError
+from handlers.api import Api
+from handlers.auth import KeyRing
+from handlers.openapi import spec_yaml
+from handlers.wsgi import WsgiApp, create_app
+
+log = logging.getLogger("importer")
+
+
+def clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def redis_client(settings: Settings) -> redis.Redis:
+    """A client with socket timeouts: a paused Redis must not hang a request or
+    a worker thread (dramatiq's TimeLimit cannot interrupt a blocked socket call)."""
+    if not settings.redis_url:
+        raise SettingsError("IMPORTER_REDIS_URL is not set (only `importer dev` starts an embedded server)")
+    return redis.Redis.from_url(
+        settings.redis_url,
+        socket_timeout=10,
+        socket_connect_timeout=5,
+        health_check_interval=30,
+    )
+
+
+@dataclass
+class HttpSide:
+    settings: Settings
+    client: redis.Redis
+    store: RedisStore
+    broker: dramatiq.Broker
+    api: Api
+    app: WsgiApp
+
+    def close(self) -> None:
+        """Close the broker and Redis connections (after in-flight requests finished)."""
+        self.broker.close()
+        self.client.close()
+
+
+def _fault_hook(settings: Settings):  # type: ignore[no-untyped-def]
+    def fault(point: str) -> None:
+        action = settings.fault_at(point)
+        if action is None:
+            return
+        log_event(log, "fault.injected", logging.WARNING, point=point, action=action)
+        if action == "crash":
+            os._exit(137)
+        time.sleep(float(action))
+
+    return fault
+
+
+def build_http(settings: Settings) -> HttpSide:
+    client = redis_client(settings)
+    store = RedisStore(client, settings, clock_ms=clock_ms)
+    broker = build_broker(settings, client)
+    api = Api(
+        store=store,
+        sender=ImportQueue(broker, settings),
+        max_upload_bytes=settings.max_upload_bytes,
+        max_rows=settings.max_rows,
+        openapi_yaml=spec_yaml,
+        uuidgen=lambda: uuid.uuid4().hex,
+        unavailable_errors=(StoreUnavailable,),
+        fault=_fault_hook(settings),
+    )
+    keys = KeyRing.parse(settings.api_keys)
+    if not keys.entries:
+        log_event(log, "http.no_api_keys", logging.WARNING, hint="set IMPORTER_API_KEYS or IMPORTER_API_KEYS_FILE")
+    return HttpSide(settings, client, store, broker, api, create_app(api, keys))
+
+
+def build_worker(settings: Settings) -> dramatiq.Broker:
+    """The broker of a worker process, with the import actor declared on it."""
+    client = redis_client(settings)
+    store = RedisStore(client, settings, clock_ms=clock_ms)
+    runner = ImportRunner(store, settings)
+    holder: list[ImportQueue] = []
+    middleware = [AttemptRecorder(runner, settings), UnsentSweeper(store, lambda: holder[0], settings)]
+    broker = build_broker(settings, client, worker_middleware=middleware)
+    holder.append(ImportQueue(broker, settings))
+    declare_import_actor(broker, runner, settings)
+    return broker

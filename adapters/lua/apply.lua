@@ -1,0 +1,88 @@
+-- apply.lua: apply one validated shipment to stock exactly once, atomically,
+-- and complete (or fail) its job in the same step.
+--
+-- KEYS[1] P:stock            KEYS[2] P:generation      KEYS[3] P:done:<batchId>
+-- KEYS[4] P:journal          KEYS[5] P:job:<jobId>     KEYS[6] P:events
+-- KEYS[7] P:jobs:active      KEYS[8] P:jobs:completed  KEYS[9] P:jobs:failed
+-- KEYS[10] P:upload:<uploadId>
+-- ARGV[1] jobId  ARGV[2] batchId  ARGV[3] contentSha256  ARGV[4] owner
+-- ARGV[5] nowMs  ARGV[6] attempt  ARGV[7] maxStock  ARGV[8] events maxlen
+-- ARGV[9] prefix  ARGV[10] keepCompletedAgeMs  ARGV[11] keepCompletedCount
+-- ARGV[12] keepFailedAgeMs  ARGV[13] keepFailedCount
+-- ARGV[14] public error JSON for a conflict  ARGV[15] ... for an overflow
+-- ARGV[16], ARGV[17], ...  sku, quantity pairs (validated by domain/shipment.py)
+--
+-- The rule is domain/stock.py's apply_shipment:
+--   done marker with the same hash -> replay: stored result, replay=true, no change
+--   done marker with another hash  -> conflict: job failed, no change
+--   any SKU would exceed maxStock   -> overflow: job failed, no change
+--   otherwise add every quantity, bump generation, write the done marker,
+--   append to the journal, complete the job. Nothing partial is ever visible.
+--
+-- Returns {'applied', resultJson} | {'replayed', resultJson} | {'conflict'}
+--       | {'overflow', sku} | {'finished', state} | {'missing'}
+
+local job_key = KEYS[5]
+local job_id, batch_id, sha, owner = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local now, attempt, max_stock, maxlen, prefix = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7]), ARGV[8], ARGV[9]
+local first_pair = 16
+local rows = (#ARGV - first_pair + 1) / 2
+
+local state = redis.call('HGET', job_key, 'state')
+if not state then return {'missing'} end
+if is_finished(state) then return {'finished', state} end
+
+local function fail(error_json, diagnostic)
+  redis.call('HSET', job_key, 'state', 'failed', 'error', error_json, 'diagnostic', diagnostic,
+    'finishedAt', now, 'updatedAt', now)
+  redis.call('ZREM', KEYS[7], job_id)
+  redis.call('ZADD', KEYS[9], now, job_id)
+  emit(KEYS[6], maxlen, 'failed', job_id, batch_id, attempt, error_json)
+  retain(KEYS[9], prefix, now, tonumber(ARGV[12]), tonumber(ARGV[13]))
+end
+
+local function complete(result_json)
+  local progress = '{"phase":"committed","rows":' .. rows .. '}'
+  redis.call('HSET', job_key, 'state', 'completed', 'progress', progress, 'result', result_json,
+    'error', '', 'finishedAt', now, 'updatedAt', now)
+  redis.call('DEL', KEYS[10])
+  redis.call('ZREM', KEYS[7], job_id)
+  redis.call('ZADD', KEYS[8], now, job_id)
+  emit(KEYS[6], maxlen, 'progress', job_id, batch_id, attempt, progress)
+  emit(KEYS[6], maxlen, 'completed', job_id, batch_id, attempt, result_json)
+  retain(KEYS[8], prefix, now, tonumber(ARGV[10]), tonumber(ARGV[11]))
+end
+
+local done = redis.call('HMGET', KEYS[3], 'contentSha256', 'result')
+if done[1] then
+  if done[1] ~= sha then
+    fail(ARGV[14], 'done marker of ' .. batch_id .. ' has another content hash')
+    return {'conflict'}
+  end
+  local result = cjson.decode(done[2])
+  result['replay'] = true
+  local result_json = cjson.encode(result)
+  complete(result_json)
+  return {'replayed', result_json}
+end
+
+-- Check every row before changing anything.
+for i = first_pair, #ARGV, 2 do
+  local current = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0')
+  if current + tonumber(ARGV[i + 1]) > max_stock then
+    fail(ARGV[15], 'sku ' .. ARGV[i] .. ' would exceed ' .. ARGV[7])
+    return {'overflow', ARGV[i]}
+  end
+end
+
+for i = first_pair, #ARGV, 2 do
+  redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+redis.call('INCR', KEYS[2])
+local result_json = '{"imported":' .. rows .. ',"batchId":' .. cjson.encode(batch_id) .. '}'
+redis.call('HSET', KEYS[3], 'batchId', batch_id, 'contentSha256', sha, 'result', result_json,
+  'owner', owner, 'appliedAt', now, 'jobId', job_id)
+redis.call('XADD', KEYS[4], '*', 'batchId', batch_id, 'jobId', job_id, 'owner', owner,
+  'contentSha256', sha, 'appliedAt', now, 'result', result_json)
+complete(result_json)
+return {'applied', result_json}

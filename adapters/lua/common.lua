@@ -1,0 +1,51 @@
+-- common.lua: helpers prepended to every Importer script (see adapters/scripts.py).
+--
+-- Key layout, all under one prefix P that carries a hash tag, e.g. "{importer}:",
+-- so that every key below hashes to one Redis Cluster slot:
+--   P:stock                 hash    sku -> units on hand
+--   P:generation            string  bumped once per applied shipment
+--   P:done:<batchId>        hash    done marker: result, contentSha256, owner, appliedAt, jobId (kept forever)
+--   P:journal               stream  one entry per applied shipment (kept forever)
+--   P:job:<jobId>           hash    job record (removed by retention)
+--   P:upload:<uploadId>     string  the uploaded CSV bytes (removed with its job, or on completion)
+--   P:jobs:unsent           zset    jobId -> createdAt, recorded but message not yet confirmed sent
+--   P:jobs:waiting          zset    jobId -> createdAt, waiting for its first attempt
+--   P:jobs:active           zset    jobId -> startedAt of the current attempt
+--   P:jobs:completed        zset    jobId -> finishedAt (retention index)
+--   P:jobs:failed           zset    jobId -> finishedAt (retention index)
+--   P:events                stream  every job change (approximate MAXLEN)
+--
+-- Retention deletes job and upload keys it finds in the retention indexes.
+-- Those keys are built from P inside the script rather than passed in KEYS:
+-- their names are only known once the index is read. They share P's hash
+-- tag, so they live in the same slot as every declared key.
+
+local function emit(events_key, maxlen, kind, job_id, batch_id, attempt, data)
+  redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*',
+    'event', kind, 'jobId', job_id, 'batchId', batch_id,
+    'attempt', attempt, 'data', data)
+end
+
+-- Remove finished job records older than age_ms, then all but the newest
+-- `count`. Bounded work per call (at most 2 x 1000 records); the rest goes on
+-- the next state change.
+local function retain(index_key, prefix, now, age_ms, count)
+  local victims = redis.call('ZRANGEBYSCORE', index_key, '-inf', '(' .. (now - age_ms), 'LIMIT', 0, 1000)
+  local function drop(id)
+    local job_key = prefix .. 'job:' .. id
+    local upload_id = redis.call('HGET', job_key, 'uploadId')
+    if upload_id then redis.call('DEL', prefix .. 'upload:' .. upload_id) end
+    redis.call('DEL', job_key)
+    redis.call('ZREM', index_key, id)
+  end
+  for _, id in ipairs(victims) do drop(id) end
+  local extra = redis.call('ZCARD', index_key) - count
+  if extra > 0 then
+    if extra > 1000 then extra = 1000 end
+    for _, id in ipairs(redis.call('ZRANGE', index_key, 0, extra - 1)) do drop(id) end
+  end
+end
+
+local function is_finished(state)
+  return state == 'completed' or state == 'failed'
+end

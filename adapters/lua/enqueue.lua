@@ -1,0 +1,38 @@
+-- enqueue.lua: record a job and its upload, once per job id.
+--
+-- KEYS[1] P:job:<jobId>       KEYS[2] P:upload:<uploadId>   KEYS[3] P:done:<batchId>
+-- KEYS[4] P:jobs:unsent       KEYS[5] P:jobs:waiting        KEYS[6] P:events
+-- ARGV[1] jobId  ARGV[2] batchId  ARGV[3] owner  ARGV[4] contentSha256
+-- ARGV[5] uploadId  ARGV[6] nowMs  ARGV[7] csv bytes  ARGV[8] events maxlen
+--
+-- Returns {'created'} | {'exists', state} | {'conflict', reason}
+--   'exists': the job record is still there with the same owner and content
+--   (like BullMQ's jobId: enqueueing again is a no-op).
+--   'conflict': the batchId is bound to another owner or other content, in
+--   a live job record or in the durable done marker. The reason stays in logs.
+
+local job_key, upload_key, done_key = KEYS[1], KEYS[2], KEYS[3]
+local job_id, batch_id, owner, sha = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+
+local existing = redis.call('HMGET', job_key, 'state', 'owner', 'contentSha256')
+if existing[1] then
+  if existing[2] ~= owner then return {'conflict', 'owner'} end
+  if existing[3] ~= sha then return {'conflict', 'content'} end
+  return {'exists', existing[1]}
+end
+
+local done = redis.call('HMGET', done_key, 'owner', 'contentSha256')
+if done[1] then
+  if done[1] ~= owner then return {'conflict', 'owner'} end
+  if done[2] ~= sha then return {'conflict', 'content'} end
+end
+
+redis.call('HSET', job_key,
+  'id', job_id, 'batchId', batch_id, 'owner', owner, 'state', 'waiting',
+  'attempt', 0, 'contentSha256', sha, 'uploadId', ARGV[5],
+  'createdAt', ARGV[6], 'updatedAt', ARGV[6])
+redis.call('SET', upload_key, ARGV[7])
+redis.call('ZADD', KEYS[4], ARGV[6], job_id)
+redis.call('ZADD', KEYS[5], ARGV[6], job_id)
+emit(KEYS[6], ARGV[8], 'waiting', job_id, batch_id, 0, '{}')
+return {'created'}

@@ -1,0 +1,13 @@
+-- progress.lua: record a real milestone of the current attempt.
+--
+-- KEYS[1] P:job:<jobId>   KEYS[2] P:events
+-- ARGV[1] jobId  ARGV[2] nowMs  ARGV[3] progress JSON  ARGV[4] attempt  ARGV[5] events maxlen
+--
+-- Ignored (returns 0) unless the job is active in this very attempt, so a
+-- late write from an older attempt cannot overwrite a newer one.
+
+local rec = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'batchId')
+if rec[1] ~= 'active' or rec[2] ~= ARGV[4] then return 0 end
+redis.call('HSET', KEYS[1], 'progress', ARGV[3], 'updatedAt', ARGV[2])
+emit(KEYS[2], ARGV[5], 'progress', ARGV[1], rec[3], ARGV[4], ARGV[3])
+return 1

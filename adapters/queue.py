@@ -1,0 +1,293 @@
+"""The dramatiq side: the broker, its middleware, the import actor, the producer.
+
+dramatiq's defaults are not this service's, so every option is set here:
+
+* Retries: dramatiq retries 20 times from 15 s on. An import gets 3 attempts
+  in total (max_retries=2) with exponential backoff from 1 s, because a
+  person is watching it and its transient causes (Redis blip, time limit)
+  either clear within seconds or need a human.
+* TimeLimit: dramatiq allows 10 minutes. One attempt gets 60 s by default
+  (IMPORTER_TIME_LIMIT): the largest allowed file validates and applies in
+  well under a second, so a minute means something is stuck.
+* Heartbeat timeout: dramatiq waits 60 s before a dead worker's messages are
+  redelivered. 15 s by default (IMPORTER_HEARTBEAT_TIMEOUT): a redelivered
+  import is harmless (the done marker), a stalled one is what users see.
+* Permanent failures (invalid CSV, unsupported contract version, conflict,
+  overflow) are in the actor's ``throws``: recorded as failed, never retried.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import dramatiq
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.middleware import CurrentMessage, Middleware, Retries, ShutdownNotifications, TimeLimit
+from dramatiq.middleware.time_limit import TimeLimitExceeded
+
+from adapters.logs import log_event
+from adapters.redis_store import RedisStore, StoreUnavailable
+from adapters.settings import Settings
+from domain.contract import decode_message, encode_message, job_id_of
+from domain.errors import CsvInvalid, DomainError, PublicError, public_error_for
+from domain.shipment import parse_shipment
+
+ACTOR_NAME = "import_shipment"
+log = logging.getLogger("importer.worker")
+
+
+class PermanentImportFailure(Exception):
+    """Raised after a permanent failure was recorded: dramatiq must not retry it."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def build_broker(settings: Settings, client: Any, *, worker_middleware: list[Middleware] | None = None) -> RedisBroker:
+    """The Redis broker with its middleware declared explicitly (no global broker)."""
+    middleware: list[Middleware] = [
+        # Records 'retrying'/'failed' in the job record; must run before
+        # Retries so that it sees the retry count of the attempt that failed.
+        *(worker_middleware or []),
+        TimeLimit(time_limit=int(settings.time_limit_s * 1000), interval=100),
+        ShutdownNotifications(notify_shutdown=False),
+        CurrentMessage(),
+        Retries(
+            max_retries=settings.max_attempts - 1,
+            min_backoff=settings.min_backoff_ms,
+            max_backoff=settings.max_backoff_ms,
+        ),
+    ]
+    return RedisBroker(
+        client=client,
+        namespace=f"{settings.key_prefix}dramatiq",
+        middleware=middleware,
+        heartbeat_timeout=int(settings.heartbeat_timeout_s * 1000),
+        dead_message_ttl=86_400_000,
+    )
+
+
+class ImportQueue:
+    """Producer side: sends the versioned message for a recorded job."""
+
+    def __init__(self, broker: dramatiq.Broker, settings: Settings) -> None:
+        self.broker = broker
+        self.settings = settings
+
+    def send(self, *, job_id: str, batch_id: str, upload_id: str) -> None:
+        body = encode_message(job_id, batch_id, upload_id, version=self.settings.producer_version)
+        self.send_raw(body)
+
+    def send_raw(self, body: dict[str, Any]) -> None:
+        """Send any body, valid or not (tests use it to send a v2 message)."""
+        message = dramatiq.Message(
+            queue_name=self.settings.queue_name, actor_name=ACTOR_NAME, args=(body,), kwargs={}, options={}
+        )
+        self.broker.enqueue(message)
+
+
+def _where(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f" at {os.path.basename(last.filename)}:{last.lineno} in {last.name}"
+
+
+class ImportRunner:
+    """The body of the import actor: decode, start the attempt, validate, apply."""
+
+    def __init__(self, store: RedisStore, settings: Settings, *, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.store = store
+        self.settings = settings
+        self.sleep = sleep
+        self._attempts: dict[str, tuple[str, int]] = {}  # dramatiq message id -> (jobId, attempt)
+
+    def _fault(self, point: str) -> None:
+        action = self.settings.fault_at(point)
+        if action is None:
+            return
+        log_event(log, "fault.injected", logging.WARNING, point=point, action=action)
+        if action == "crash":
+            os._exit(137)
+        self.sleep(float(action))
+
+    def attempt_of(self, message_id: str) -> tuple[str, int] | None:
+        return self._attempts.get(message_id)
+
+    def forget(self, message_id: str) -> None:
+        self._attempts.pop(message_id, None)
+
+    def run(self, payload: Any, message_id: str = "") -> None:
+        try:
+            msg = decode_message(payload, self.settings.accepted_versions)
+        except DomainError as exc:
+            job_id = job_id_of(payload)
+            log_event(log, "import.rejected_message", logging.WARNING, jobId=job_id, code=exc.code)
+            if job_id:
+                self.store.record_failure(
+                    job_id=job_id, attempt=None, final=True, error=public_error_for(exc),
+                    diagnostic=f"{type(exc).__name__}: {exc.detail}", next_attempt_at_ms=None,
+                )
+            raise PermanentImportFailure(exc.code) from None
+
+        ctx = {"jobId": msg.job_id, "batchId": msg.batch_id}
+        outcome = self.store.start_attempt(msg.job_id, msg.upload_id)
+        if outcome.kind == "upload_missing":
+            self.store.record_failure(
+                job_id=msg.job_id, attempt=outcome.attempt, final=True,
+                error=PublicError.from_code("import.upload_missing"), diagnostic="upload key missing", next_attempt_at_ms=None,
+            )
+            raise PermanentImportFailure("import.upload_missing")
+        if outcome.kind != "started" or outcome.started is None:
+            # finished / stale / missing: a duplicate or late delivery; the
+            # record already tells the truth. exhausted: recorded as failed.
+            log_event(log, "import.skipped", reason=outcome.kind, state=outcome.state, **ctx)
+            return
+        started = outcome.started
+        ctx.update(owner=started.owner, attempt=started.attempt)
+        self._attempts[message_id] = (msg.job_id, started.attempt)
+        log_event(log, "import.started", **ctx)
+
+        parsed = parse_shipment(started.csv, max_rows=self.settings.max_rows)
+        if isinstance(parsed, CsvInvalid):
+            self.store.record_failure(
+                job_id=msg.job_id, attempt=started.attempt, final=True, error=public_error_for(parsed),
+                diagnostic=f"{len(parsed.issues)} CSV issue(s), first {parsed.code}", next_attempt_at_ms=None,
+            )
+            log_event(log, "import.failed", code=parsed.code, issues=len(parsed.issues), **ctx)
+            raise PermanentImportFailure(parsed.code)
+
+        self._fault("before_apply")
+        applied = self.store.validated_and_apply(
+            job_id=msg.job_id, upload_id=msg.upload_id, attempt=started.attempt,
+            batch_id=msg.batch_id, owner=started.owner, shipment=parsed,
+        )
+        self._fault("after_apply")
+        if applied.kind in ("conflict", "overflow"):
+            code = "batch.conflict" if applied.kind == "conflict" else "stock.overflow"
+            log_event(log, "import.failed", code=code, **ctx)
+            raise PermanentImportFailure(code)
+        log_event(log, "import." + applied.kind, rows=parsed.row_count, **ctx)
+
+
+def _code_for(exc: BaseException) -> str:
+    if isinstance(exc, TimeLimitExceeded):
+        return "import.time_limit"
+    if isinstance(exc, StoreUnavailable):
+        return "import.store_unavailable"
+    return "import.attempts_exhausted"
+
+
+class AttemptRecorder(Middleware):
+    """Writes 'retrying' or 'failed' into the job record when an attempt raised.
+
+    Permanent failures are recorded by the runner itself (with their CSV
+    issues). The traceback goes to the log and a one-line diagnostic to the
+    record's operator-only field; the API shows only the code.
+    """
+
+    def __init__(self, runner: ImportRunner, settings: Settings) -> None:
+        self.runner = runner
+        self.settings = settings
+
+    def after_process_message(self, broker: Any, message: Any, *, result: Any = None, exception: BaseException | None = None) -> None:
+        known = self.runner.attempt_of(message.message_id)
+        self.runner.forget(message.message_id)
+        if exception is None or isinstance(exception, PermanentImportFailure) or known is None:
+            return
+        job_id, attempt = known
+        retries_done = message.options.get("retries", 0)
+        final = retries_done >= self.settings.max_attempts - 1 or attempt >= self.settings.max_attempts
+        code = _code_for(exception)
+        backoff = min(self.settings.min_backoff_ms * (2**retries_done), self.settings.max_backoff_ms)
+        diagnostic = f"{type(exception).__name__}: {exception}{_where(exception)}"
+        log_event(
+            log, "import.attempt_failed", logging.WARNING, jobId=job_id, attempt=attempt, code=code,
+            final=final, exc_info=(type(exception), exception, exception.__traceback__),
+        )
+        try:
+            self.runner.store.record_failure(
+                job_id=job_id, attempt=attempt, final=final, error=PublicError.from_code(code),
+                diagnostic=diagnostic, next_attempt_at_ms=None if final else int(time.time() * 1000) + backoff,
+            )
+        except StoreUnavailable:
+            log_event(log, "import.record_failure_lost", logging.ERROR, jobId=job_id, attempt=attempt)
+
+    def after_skip_message(self, broker: Any, message: Any) -> None:
+        self.runner.forget(message.message_id)
+
+
+class UnsentSweeper(Middleware):
+    """Sends the message of any job recorded but never confirmed sent.
+
+    The HTTP process records the job, sends its message, then marks it sent.
+    If it dies in between, this sweeper (one thread per worker process, one
+    active sweep at a time thanks to a Redis lock) sends the message after
+    IMPORTER_UNSENT_GRACE seconds. Sending twice is harmless: start.lua skips
+    finished jobs and the done marker stops a second addition.
+    """
+
+    def __init__(self, store: RedisStore, queue: Callable[[], ImportQueue], settings: Settings) -> None:
+        self.store = store
+        self.queue = queue
+        self.settings = settings
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def after_worker_boot(self, broker: Any, worker: Any) -> None:
+        self._thread = threading.Thread(target=self._loop, name="importer-sweeper", daemon=True)
+        self._thread.start()
+
+    def before_worker_shutdown(self, broker: Any, worker: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.settings.sweep_interval_s):
+            try:
+                self.sweep_once()
+            except StoreUnavailable:
+                log_event(log, "sweeper.store_unavailable", logging.WARNING)
+            except Exception:  # never let the sweeper thread die
+                log.exception("sweeper.error")
+
+    def sweep_once(self) -> int:
+        lock = f"{self.settings.key_prefix}sweeper:lock"
+        if not self.store.client.set(lock, os.getpid(), nx=True, px=int(self.settings.sweep_interval_s * 1000)):
+            return 0
+        cutoff = int(time.time() * 1000) - int(self.settings.unsent_grace_s * 1000)
+        sent = 0
+        for job_id, batch_id, upload_id in self.store.unsent_before(cutoff):
+            self.queue().send(job_id=job_id, batch_id=batch_id, upload_id=upload_id)
+            self.store.mark_sent(job_id)
+            log_event(log, "sweeper.resent", jobId=job_id, batchId=batch_id)
+            sent += 1
+        return sent
+
+
+def declare_import_actor(broker: dramatiq.Broker, runner: ImportRunner, settings: Settings) -> dramatiq.Actor:
+    """The import actor: as thin as a handler, it calls the runner."""
+    def import_shipment(body: dict[str, Any]) -> None:
+        message = CurrentMessage.get_current_message()
+        runner.run(body, message.message_id if message is not None else "")
+
+    return dramatiq.actor(
+        import_shipment,
+        broker=broker,
+        actor_name=ACTOR_NAME,
+        queue_name=settings.queue_name,
+        max_retries=settings.max_attempts - 1,
+        min_backoff=settings.min_backoff_ms,
+        max_backoff=settings.max_backoff_ms,
+        time_limit=int(settings.time_limit_s * 1000),
+        throws=(PermanentImportFailure,),
+    )

@@ -1,0 +1,307 @@
+"""The Redis store: stock, done markers, journal, job records, uploads, events.
+
+Every state change is one Lua script (adapters/lua/), so a record, its index
+entries and the event that reports it change together or not at all. The
+scripts are registered once per client (``register_script``: EVALSHA with a
+fallback to EVAL when the server lost its script cache).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from adapters.scripts import SCRIPT_NAMES, lua_source
+from adapters.settings import Settings
+from domain.errors import PublicError
+from domain.jobs import JobRecord, ShipmentRecord
+from domain.shipment import Shipment
+from domain.stock import MAX_STOCK
+
+
+class StoreError(Exception):
+    """Base of the store's errors."""
+
+
+class StoreUnavailable(StoreError):
+    """Redis could not be reached or timed out. Transient: the attempt is retried."""
+
+
+@contextmanager
+def _translate() -> Iterator[None]:
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise StoreUnavailable(type(exc).__name__) from exc
+
+
+class Keys:
+    """Key names under one hash-tagged prefix (see adapters/lua/common.lua)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.stock = f"{prefix}stock"
+        self.generation = f"{prefix}generation"
+        self.journal = f"{prefix}journal"
+        self.events = f"{prefix}events"
+        self.unsent = f"{prefix}jobs:unsent"
+        self.waiting = f"{prefix}jobs:waiting"
+        self.active = f"{prefix}jobs:active"
+        self.completed = f"{prefix}jobs:completed"
+        self.failed = f"{prefix}jobs:failed"
+
+    def job(self, job_id: str) -> str:
+        return f"{self.prefix}job:{job_id}"
+
+    def upload(self, upload_id: str) -> str:
+        return f"{self.prefix}upload:{upload_id}"
+
+    def done(self, batch_id: str) -> str:
+        return f"{self.prefix}done:{batch_id}"
+
+
+@dataclass(frozen=True)
+class EnqueueOutcome:
+    kind: str  # 'created' | 'exists' | 'conflict'
+    state: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class StartedAttempt:
+    attempt: int
+    batch_id: str
+    owner: str
+    content_sha256: str
+    csv: bytes
+
+
+@dataclass(frozen=True)
+class StartOutcome:
+    kind: str  # 'started' | 'missing' | 'stale' | 'finished' | 'exhausted' | 'upload_missing'
+    attempt: int = 0
+    started: StartedAttempt | None = None
+    state: str = ""
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    kind: str  # 'applied' | 'replayed' | 'conflict' | 'overflow' | 'finished' | 'missing'
+    result: dict[str, Any] | None = None
+    detail: str = ""
+
+
+def _s(value: bytes | str | None) -> str:
+    if value is None:
+        return ""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _int_or_none(value: bytes | None) -> int | None:
+    return int(value) if value not in (None, b"") else None
+
+
+def _json_or_none(value: bytes | None) -> Any:
+    return json.loads(value) if value not in (None, b"") else None
+
+
+def _error_json(code: str) -> str:
+    return json.dumps(PublicError.from_code(code).to_dict(), separators=(",", ":"))
+
+
+class RedisStore:
+    """All of Importer's Redis state behind one object; built by the composition root."""
+
+    def __init__(self, client: redis.Redis, settings: Settings, *, clock_ms: Callable[[], int]) -> None:
+        self.client = client
+        self.settings = settings
+        self.keys = Keys(settings.key_prefix)
+        self._now = clock_ms
+        self._scripts = {name: client.register_script(lua_source(name)) for name in SCRIPT_NAMES}
+
+    # -- producer side -------------------------------------------------
+
+    def enqueue(
+        self, *, job_id: str, batch_id: str, owner: str, content_sha256: str, upload_id: str, csv: bytes
+    ) -> EnqueueOutcome:
+        k = self.keys
+        with _translate():
+            reply = self._scripts["enqueue"](
+                keys=[k.job(job_id), k.upload(upload_id), k.done(batch_id), k.unsent, k.waiting, k.events],
+                args=[job_id, batch_id, owner, content_sha256, upload_id, self._now(), csv, self.settings.events_maxlen],
+            )
+        kind = _s(reply[0])
+        if kind == "created":
+            return EnqueueOutcome("created", "waiting")
+        if kind == "exists":
+            return EnqueueOutcome("exists", _s(reply[1]))
+        return EnqueueOutcome("conflict", "", _s(reply[1]))
+
+    def mark_sent(self, job_id: str) -> None:
+        """The message of this job is in the broker: the sweeper may forget it."""
+        with _translate():
+            self.client.zrem(self.keys.unsent, job_id)
+
+    def unsent_before(self, cutoff_ms: int, limit: int = 500) -> list[tuple[str, str, str]]:
+        """Jobs recorded before cutoff whose message was never confirmed sent: (jobId, batchId, uploadId)."""
+        with _translate():
+            ids = self.client.zrangebyscore(self.keys.unsent, "-inf", cutoff_ms, start=0, num=limit)
+            out = []
+            for raw in ids:
+                job_id = _s(raw)
+                rec = self.client.hmget(self.keys.job(job_id), "state", "batchId", "uploadId")
+                if rec[0] is None:  # record gone (retention): nothing to send
+                    self.client.zrem(self.keys.unsent, job_id)
+                    continue
+                out.append((job_id, _s(rec[1]), _s(rec[2])))
+            return out
+
+    # -- worker side ---------------------------------------------------
+
+    def start_attempt(self, job_id: str, upload_id: str) -> StartOutcome:
+        k, s = self.keys, self.settings
+        with _translate():
+            reply = self._scripts["start"](
+                keys=[k.job(job_id), k.upload(upload_id), k.waiting, k.unsent, k.active, k.failed, k.events],
+                args=[
+                    job_id, upload_id, self._now(), s.max_attempts, s.events_maxlen, k.prefix,
+                    s.keep_failed_age_s * 1000, s.keep_failed_count, _error_json("import.attempts_exhausted"),
+                ],
+            )
+        kind = _s(reply[0])
+        if kind == "started":
+            started = StartedAttempt(int(reply[1]), _s(reply[2]), _s(reply[3]), _s(reply[4]), bytes(reply[5]))
+            return StartOutcome("started", started.attempt, started)
+        if kind == "finished":
+            return StartOutcome("finished", state=_s(reply[1]))
+        if kind in ("exhausted", "upload_missing"):
+            return StartOutcome(kind, int(reply[1]))
+        return StartOutcome(kind)
+
+    def validated_and_apply(
+        self, *, job_id: str, upload_id: str, attempt: int, batch_id: str, owner: str, shipment: Shipment
+    ) -> ApplyResult:
+        """Record progress 'validated' and run the apply script, in one round trip.
+
+        The progress write is a real milestone (validation finished before this
+        call); pipelining it with the apply saves a round trip per import.
+        """
+        k, s = self.keys, self.settings
+        now = self._now()
+        progress = json.dumps({"phase": "validated", "rows": shipment.row_count}, separators=(",", ":"))
+        args: list[Any] = [
+            job_id, batch_id, shipment.content_sha256, owner, now, attempt, MAX_STOCK, s.events_maxlen, k.prefix,
+            s.keep_completed_age_s * 1000, s.keep_completed_count, s.keep_failed_age_s * 1000, s.keep_failed_count,
+            _error_json("batch.conflict"), _error_json("stock.overflow"),
+        ]
+        for row in shipment.rows:
+            args.append(row.sku)
+            args.append(row.quantity)
+        with _translate():
+            pipe = self.client.pipeline(transaction=False)
+            self._scripts["progress"](keys=[k.job(job_id), k.events], args=[job_id, now, progress, attempt, s.events_maxlen], client=pipe)
+            self._scripts["apply"](
+                keys=[
+                    k.stock, k.generation, k.done(batch_id), k.journal, k.job(job_id), k.events,
+                    k.active, k.completed, k.failed, k.upload(upload_id),
+                ],
+                args=args,
+                client=pipe,
+            )
+            _, reply = pipe.execute()
+        kind = _s(reply[0])
+        if kind in ("applied", "replayed"):
+            return ApplyResult(kind, json.loads(reply[1]))
+        return ApplyResult(kind, None, _s(reply[1]) if len(reply) > 1 else "")
+
+    def record_failure(
+        self, *, job_id: str, attempt: int | None, final: bool, error: PublicError, diagnostic: str, next_attempt_at_ms: int | None
+    ) -> str:
+        k, s = self.keys, self.settings
+        with _translate():
+            reply = self._scripts["fail"](
+                keys=[k.job(job_id), k.events, k.active, k.failed],
+                args=[
+                    job_id, self._now(), "" if attempt is None else attempt, "1" if final else "0",
+                    json.dumps(error.to_dict(), separators=(",", ":")), diagnostic[:4000],
+                    next_attempt_at_ms if next_attempt_at_ms is not None else "", s.events_maxlen, k.prefix,
+                    s.keep_failed_age_s * 1000, s.keep_failed_count,
+                ],
+            )
+        return _s(reply[0])
+
+    # -- reads -----------------------------------------------------------
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        with _translate():
+            raw = self.client.hgetall(self.keys.job(job_id))
+        if not raw:
+            return None
+        f = {_s(key): value for key, value in raw.items()}
+        return JobRecord(
+            id=_s(f.get("id")),
+            batch_id=_s(f.get("batchId")),
+            owner=_s(f.get("owner")),
+            state=_s(f.get("state")),
+            attempt=int(f.get("attempt") or 0),
+            progress=_json_or_none(f.get("progress")),
+            result=_json_or_none(f.get("result")),
+            error=_json_or_none(f.get("error")),
+            created_at_ms=int(f.get("createdAt") or 0),
+            updated_at_ms=int(f.get("updatedAt") or 0),
+            started_at_ms=_int_or_none(f.get("startedAt")),
+            finished_at_ms=_int_or_none(f.get("finishedAt")),
+            next_attempt_at_ms=_int_or_none(f.get("nextAttemptAt")) if _s(f.get("state")) == "retrying" else None,
+            content_sha256=_s(f.get("contentSha256")),
+            upload_id=_s(f.get("uploadId")),
+        )
+
+    def get_diagnostic(self, job_id: str) -> str:
+        """Operators only (``importer inspect``): never shown by the API."""
+        with _translate():
+            return _s(self.client.hget(self.keys.job(job_id), "diagnostic"))
+
+    def get_shipment(self, batch_id: str) -> ShipmentRecord | None:
+        with _translate():
+            raw = self.client.hgetall(self.keys.done(batch_id))
+        if not raw:
+            return None
+        f = {_s(key): value for key, value in raw.items()}
+        return ShipmentRecord(
+            batch_id=_s(f.get("batchId")),
+            owner=_s(f.get("owner")),
+            applied_at_ms=int(f.get("appliedAt") or 0),
+            result=json.loads(f["result"]),
+            content_sha256=_s(f.get("contentSha256")),
+            job_id=_s(f.get("jobId")),
+        )
+
+    def stock_of(self, skus: list[str]) -> dict[str, int]:
+        with _translate():
+            values = self.client.hmget(self.keys.stock, skus) if skus else []
+        return {sku: int(v) if v is not None else 0 for sku, v in zip(skus, values)}
+
+    def generation(self) -> int:
+        with _translate():
+            return int(self.client.get(self.keys.generation) or 0)
+
+    def ping(self) -> bool:
+        with _translate():
+            return bool(self.client.ping())
+
+    def delete_job_record(self, job_id: str) -> None:
+        """Remove a job record as retention would (tests and operators)."""
+        with _translate():
+            upload_id = self.client.hget(self.keys.job(job_id), "uploadId")
+            pipe = self.client.pipeline(transaction=True)
+            pipe.delete(self.keys.job(job_id))
+            if upload_id:
+                pipe.delete(self.keys.upload(_s(upload_id)))
+            for index in (self.keys.completed, self.keys.failed, self.keys.waiting, self.keys.unsent, self.keys.active):
+                pipe.zrem(index, job_id)
+            pipe.execute()

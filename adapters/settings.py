@@ -1,0 +1,151 @@
+"""Settings, read from the environment in one place (``Settings.from_env``).
+
+Every variable is documented in README.md ("Configuration").
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from domain.contract import CURRENT_VERSION, KNOWN_VERSIONS
+from domain.shipment import DEFAULT_MAX_ROWS
+
+
+class SettingsError(ValueError):
+    """A setting is missing or malformed; the message names the variable."""
+
+
+def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 0) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise SettingsError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be a number, got {raw!r}") from None
+
+
+def _versions(env: Mapping[str, str], name: str, default: frozenset[int]) -> frozenset[int]:
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        return frozenset(int(v) for v in raw.split(",") if v.strip())
+    except ValueError:
+        raise SettingsError(f"{name} must be a comma-separated list of integers, got {raw!r}") from None
+
+
+def _api_keys(env: Mapping[str, str]) -> str:
+    parts = [env.get("IMPORTER_API_KEYS", "")]
+    path = env.get("IMPORTER_API_KEYS_FILE")
+    if path:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                parts.append(handle.read())
+        except OSError as exc:
+            raise SettingsError(f"IMPORTER_API_KEYS_FILE cannot be read: {exc.strerror}") from None
+    return "\n".join(p for p in parts if p)
+
+
+_HASH_TAGGED = re.compile(r"^[^{}]*\{[^{}]+\}[^{}]*$")
+
+
+@dataclass(frozen=True)
+class Settings:
+    #: None means: start the embedded server (``importer dev``, tests).
+    redis_url: str | None = None
+    #: Every key lives under this prefix. It must hold a hash tag ({...}) so
+    #: that a Redis Cluster keeps all keys one Lua script touches in one slot.
+    key_prefix: str = "{importer}:"
+    queue_name: str = "imports"
+    #: Seconds; dramatiq's TimeLimit for one attempt.
+    time_limit_s: float = 60.0
+    max_attempts: int = 3
+    min_backoff_ms: int = 1000
+    max_backoff_ms: int = 30_000
+    #: Seconds without a heartbeat before a dead worker's messages are redelivered.
+    heartbeat_timeout_s: float = 15.0
+    #: Seconds a worker waits for in-flight imports when asked to stop.
+    worker_shutdown_timeout_s: float = 30.0
+    #: Seconds a recorded job may wait for its message to be sent before the
+    #: sweeper in the worker sends it (see README, "Enqueue safety").
+    unsent_grace_s: float = 10.0
+    sweep_interval_s: float = 5.0
+    max_rows: int = DEFAULT_MAX_ROWS
+    max_upload_bytes: int = 10 * 1024 * 1024
+    accepted_versions: frozenset[int] = field(default_factory=lambda: frozenset({CURRENT_VERSION}))
+    producer_version: int = CURRENT_VERSION
+    keep_completed_age_s: int = 3600
+    keep_completed_count: int = 100
+    keep_failed_age_s: int = 86400
+    keep_failed_count: int = 100
+    events_maxlen: int = 10_000
+    #: "owner:sha256hex" entries (IMPORTER_API_KEYS, and/or the lines of IMPORTER_API_KEYS_FILE).
+    api_keys: str = ""
+    #: Test-only fault injection, e.g. "after_apply:5" (sleep 5 s there) or
+    #: "before_send:crash" (kill the process there). Never set in production.
+    fault: str = ""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+        env = os.environ if env is None else env
+        settings = cls(
+            redis_url=env.get("IMPORTER_REDIS_URL") or None,
+            key_prefix=env.get("IMPORTER_KEY_PREFIX") or cls.key_prefix,
+            queue_name=env.get("IMPORTER_QUEUE") or cls.queue_name,
+            time_limit_s=_float(env, "IMPORTER_TIME_LIMIT", cls.time_limit_s),
+            heartbeat_timeout_s=_float(env, "IMPORTER_HEARTBEAT_TIMEOUT", cls.heartbeat_timeout_s),
+            worker_shutdown_timeout_s=_float(env, "IMPORTER_WORKER_SHUTDOWN_TIMEOUT", cls.worker_shutdown_timeout_s),
+            unsent_grace_s=_float(env, "IMPORTER_UNSENT_GRACE", cls.unsent_grace_s),
+            sweep_interval_s=_float(env, "IMPORTER_SWEEP_INTERVAL", cls.sweep_interval_s),
+            max_rows=_int(env, "IMPORTER_MAX_ROWS", cls.max_rows, minimum=1),
+            max_upload_bytes=_int(env, "IMPORTER_MAX_UPLOAD_BYTES", cls.max_upload_bytes, minimum=1),
+            accepted_versions=_versions(env, "IMPORTER_ACCEPTED_VERSIONS", frozenset({CURRENT_VERSION})),
+            producer_version=_int(env, "IMPORTER_PRODUCER_VERSION", CURRENT_VERSION, minimum=1),
+            keep_completed_age_s=_int(env, "IMPORTER_KEEP_COMPLETED_AGE", cls.keep_completed_age_s),
+            keep_completed_count=_int(env, "IMPORTER_KEEP_COMPLETED_COUNT", cls.keep_completed_count),
+            keep_failed_age_s=_int(env, "IMPORTER_KEEP_FAILED_AGE", cls.keep_failed_age_s),
+            keep_failed_count=_int(env, "IMPORTER_KEEP_FAILED_COUNT", cls.keep_failed_count),
+            events_maxlen=_int(env, "IMPORTER_EVENTS_MAXLEN", cls.events_maxlen, minimum=1),
+            fault=env.get("IMPORTER_FAULT", ""),
+            api_keys=_api_keys(env),
+        )
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        if not _HASH_TAGGED.match(self.key_prefix):
+            raise SettingsError(
+                f"IMPORTER_KEY_PREFIX must contain exactly one hash tag like '{{importer}}:', got {self.key_prefix!r}"
+            )
+        unknown = self.accepted_versions - KNOWN_VERSIONS
+        if unknown or not self.accepted_versions:
+            raise SettingsError(f"IMPORTER_ACCEPTED_VERSIONS must be a non-empty subset of {sorted(KNOWN_VERSIONS)}")
+        if self.producer_version not in KNOWN_VERSIONS:
+            raise SettingsError(f"IMPORTER_PRODUCER_VERSION must be one of {sorted(KNOWN_VERSIONS)}")
+        if self.max_attempts < 1:
+            raise SettingsError("max_attempts must be >= 1")
+
+    def fault_at(self, point: str) -> str | None:
+        """The fault configured for a named point, if any ("5" seconds or "crash")."""
+        for item in self.fault.split(","):
+            name, _, arg = item.partition(":")
+            if name.strip() == point:
+                return arg.strip() or "crash"
+        return None

@@ -1,0 +1,140 @@
+"""Stable error codes and the human explanation shown for each.
+
+A code is part of the public contract (clients switch on it); the
+explanation says what the sender should fix. Neither ever contains internal
+details: diagnostics go to logs and to the operator's `importer inspect`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: code -> (title, what to do about it). One table for the whole service so
+#: that the worker, the HTTP layer and the docs cannot disagree.
+EXPLANATIONS: dict[str, tuple[str, str]] = {
+    # CSV content (permanent: the same bytes will fail the same way)
+    "csv.not_utf8": ("CSV is not UTF-8", "Save the file as UTF-8 (with or without BOM) and send it again under a new batchId."),
+    "csv.empty": ("CSV is empty", "Send a file whose first line is the header 'sku,quantity' followed by at least one row."),
+    "csv.bad_header": ("CSV header is wrong", "The first line must be exactly 'sku,quantity'."),
+    "csv.no_rows": ("CSV has no rows", "Add at least one 'sku,quantity' row below the header."),
+    "csv.bad_row": ("CSV row has the wrong number of columns", "Each row must have exactly two columns: sku,quantity."),
+    "csv.bad_sku": ("SKU is not valid", "A SKU is 1-64 characters: letters, digits, '.', '_' or '-', starting with a letter or digit."),
+    "csv.bad_quantity": ("Quantity is not valid", "A quantity is a whole number from 1 to 1000000, digits only."),
+    "csv.duplicate_sku": ("SKU appears twice", "List each SKU once per file; add the quantities together."),
+    "csv.too_many_rows": ("CSV has too many rows", "Split the shipment into several files under the row limit, each with its own batchId."),
+    "csv.invalid": ("CSV is not valid", "Fix the listed issues and send the file again under a new batchId."),
+    # Batch identity and stock
+    "batch.conflict": ("batchId already used for other content", "A batchId names one shipment forever. Use a new batchId for different content."),
+    "stock.overflow": ("Stock would exceed its maximum", "A SKU would go above the maximum stock; check the quantities."),
+    # Queue contract
+    "contract.unsupported_version": ("Message contract version not supported", "The worker does not accept this message version; upgrade the workers before the producers."),
+    "contract.invalid_message": ("Message is not valid", "The queue message does not follow the contract; it was not applied."),
+    # Transient causes that exhausted their attempts
+    "import.attempts_exhausted": ("Import failed after all attempts", "The import kept failing for a temporary reason. Send it again; it will not be applied twice."),
+    "import.time_limit": ("Import took too long", "The import exceeded its time limit on every attempt. Send it again or split it into smaller files."),
+    "import.store_unavailable": ("Storage was unavailable", "The stock store could not be reached on every attempt. Send it again later; it will not be applied twice."),
+    "import.upload_missing": ("Upload is gone", "The stored file for this job was removed. Send the shipment again."),
+    # HTTP
+    "request.bad_json": ("Body is not valid JSON", "Send a JSON object {\"batchId\": ..., \"csv\": ...}."),
+    "request.invalid": ("Request is not valid", "Fix the fields listed in 'fields' and send again."),
+    "request.unsupported_media_type": ("Content type not supported", "Send application/json or text/csv."),
+    "request.too_large": ("Upload is too large", "Split the shipment into smaller files."),
+    "request.not_found": ("Not found", "Check the URL."),
+    "request.method_not_allowed": ("Method not allowed", "See openapi.yaml for the methods of this path."),
+    "auth.required": ("API key required", "Send 'Authorization: Bearer <key>' with a key issued for your producer."),
+    "job.not_found": ("No such import job", "Job records are removed some time after they finish (retention), so a missing record does not mean the batch was never applied: read GET /api/shipments/{batchId} for the durable history."),
+    "service.unavailable": ("Service unavailable", "The service cannot reach its store or is shutting down. Retry later."),
+    "internal": ("Internal error", "Something went wrong on our side. Retry later; the request id is in the logs."),
+}
+
+
+def explain(code: str) -> tuple[str, str]:
+    """Return (title, human explanation) for a stable code."""
+    return EXPLANATIONS.get(code, EXPLANATIONS["internal"])
+
+
+class DomainError(Exception):
+    """Base of every error the pure core raises. Carries a stable code."""
+
+    code = "internal"
+    #: Permanent errors fail the job at once; retrying cannot help.
+    permanent = True
+
+    def __init__(self, detail: str = "") -> None:
+        super().__init__(detail or self.code)
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class CsvIssue:
+    """One located problem in a CSV file. line/column are 1-based; column None = whole row."""
+
+    line: int
+    column: int | None
+    code: str
+    message: str
+
+
+class CsvInvalid(DomainError):
+    code = "csv.invalid"
+
+    def __init__(self, issues: tuple[CsvIssue, ...], truncated: bool = False) -> None:
+        # The job's code is the first issue's code (e.g. csv.bad_quantity), so a
+        # client can switch on it; every issue is listed with its location.
+        self.code = issues[0].code if issues else "csv.invalid"
+        super().__init__(f"{len(issues)} issue(s), first {self.code}")
+        self.issues = issues
+        self.truncated = truncated
+
+
+class BatchConflict(DomainError):
+    code = "batch.conflict"
+
+
+class StockOverflow(DomainError):
+    code = "stock.overflow"
+
+    def __init__(self, sku: str) -> None:
+        super().__init__(f"sku {sku} would overflow")
+        self.sku = sku
+
+
+class UnsupportedContractVersion(DomainError):
+    code = "contract.unsupported_version"
+
+    def __init__(self, version: object) -> None:
+        super().__init__(f"message version {version!r} is not accepted")
+        self.version = version
+
+
+class InvalidMessage(DomainError):
+    code = "contract.invalid_message"
+
+
+@dataclass(frozen=True)
+class PublicError:
+    """What the API may show about a failure: code, fixed explanation, CSV issues."""
+
+    code: str
+    message: str
+    issues: tuple[CsvIssue, ...] = field(default=())
+    issues_truncated: bool = False
+
+    @classmethod
+    def from_code(cls, code: str, issues: tuple[CsvIssue, ...] = (), truncated: bool = False) -> "PublicError":
+        return cls(code=code, message=explain(code)[1], issues=issues, issues_truncated=truncated)
+
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"code": self.code, "message": self.message}
+        if self.issues:
+            out["issues"] = [
+                {"line": i.line, "column": i.column, "code": i.code, "message": i.message} for i in self.issues
+            ]
+            out["issuesTruncated"] = self.issues_truncated
+        return out
+
+
+def public_error_for(exc: DomainError) -> PublicError:
+    if isinstance(exc, CsvInvalid):
+        return PublicError.from_code(exc.code, exc.issues, exc.truncated)
+    return PublicError.from_code(exc.code)

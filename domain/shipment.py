@@ -1,0 +1,181 @@
+"""The shipment value and the CSV validator that produces it.
+
+CSV format (documented in README, "CSV format"):
+
+* UTF-8, an optional BOM, LF or CRLF line endings, blank lines ignored.
+* First non-blank line: the header ``sku,quantity`` (case-insensitive,
+  spaces around names ignored).
+* Each row: ``sku,quantity``. A field may be wrapped in double quotes, as
+  spreadsheets do; quotes inside a field are not supported (no SKU needs one).
+* SKU: trimmed, 1-64 characters from ``A-Z a-z 0-9 . _ -``, starting with a
+  letter or digit.
+* quantity: digits only, 1 to :data:`MAX_QUANTITY`.
+* A SKU appears at most once per file.
+* At most ``max_rows`` rows (default :data:`DEFAULT_MAX_ROWS`).
+
+The validator never raises on any input: it returns a :class:`Shipment` or
+a :class:`~domain.errors.CsvInvalid` carrying every located issue (capped at
+:data:`MAX_ISSUES`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+from domain.errors import CsvInvalid, CsvIssue
+
+BATCH_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+SKU_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+MAX_QUANTITY = 1_000_000
+DEFAULT_MAX_ROWS = 100_000
+MAX_ISSUES = 100
+
+_BATCH_ID = re.compile(BATCH_ID_PATTERN)
+_SKU = re.compile(SKU_PATTERN)
+_DIGITS = re.compile(r"^[0-9]{1,7}$")  # 7 digits is enough for MAX_QUANTITY
+
+
+def is_valid_batch_id(value: object) -> bool:
+    return isinstance(value, str) and _BATCH_ID.fullmatch(value) is not None
+
+
+def job_id_for(batch_id: str) -> str:
+    """The job id of a batch, as in the seed: batch ``x`` -> job ``shipment-x``."""
+    return f"shipment-{batch_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    sku: str
+    quantity: int
+
+
+@dataclass(frozen=True)
+class Shipment:
+    """A validated shipment: its rows in file order and the hash of its content."""
+
+    rows: tuple[Row, ...]
+
+    @property
+    def row_count(self) -> int:
+        return len(self.rows)
+
+    @property
+    def content_sha256(self) -> str:
+        """Hash of the canonical form: rows sorted by SKU, ``sku,quantity\\n`` each.
+
+        The same rows in another order, with other line endings, quotes or a
+        BOM hash the same, so re-sending an equivalent file is not a conflict.
+        """
+        return content_sha256(self.rows)
+
+
+def content_sha256(rows: tuple[Row, ...] | list[Row]) -> str:
+    digest = hashlib.sha256()
+    for row in sorted(rows, key=lambda r: r.sku):
+        digest.update(f"{row.sku},{row.quantity}\n".encode())
+    return digest.hexdigest()
+
+
+class _Issues:
+    """Collects issues up to MAX_ISSUES, remembering whether more were dropped."""
+
+    __slots__ = ("items", "truncated")
+
+    def __init__(self) -> None:
+        self.items: list[CsvIssue] = []
+        self.truncated = False
+
+    def add(self, line: int, column: int | None, code: str, message: str) -> None:
+        if len(self.items) < MAX_ISSUES:
+            self.items.append(CsvIssue(line, column, code, message))
+        else:
+            self.truncated = True
+
+    @property
+    def full(self) -> bool:
+        return len(self.items) >= MAX_ISSUES
+
+
+def _unquote(field: str) -> str:
+    field = field.strip()
+    if len(field) >= 2 and field[0] == '"' and field[-1] == '"':
+        return field[1:-1].strip()
+    return field
+
+
+def _printable(value: str, limit: int = 40) -> str:
+    shown = value if len(value) <= limit else value[:limit] + "..."
+    return repr(shown)
+
+
+def parse_shipment(data: bytes, *, max_rows: int = DEFAULT_MAX_ROWS) -> Shipment | CsvInvalid:
+    """Validate CSV bytes. Returns the shipment, or CsvInvalid with every located issue."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        # utf-8-sig reports err.start relative to the bytes after a BOM.
+        start = err.start + (3 if data.startswith(b"\xef\xbb\xbf") else 0)
+        line = data.count(b"\n", 0, start) + 1
+        return CsvInvalid((CsvIssue(line, None, "csv.not_utf8", f"byte {start} is not valid UTF-8"),))
+
+    issues = _Issues()
+    lines = text.split("\n")
+    header_seen = False
+    rows: list[Row] = []
+    seen: dict[str, int] = {}
+    row_count = 0
+
+    for index, raw in enumerate(lines):
+        line_no = index + 1
+        line = raw[:-1] if raw.endswith("\r") else raw
+        if not line.strip():
+            continue
+        fields = line.split(",")
+        if not header_seen:
+            header_seen = True
+            names = [_unquote(f).lower() for f in fields]
+            if names != ["sku", "quantity"]:
+                issues.add(line_no, None, "csv.bad_header", f"header is {_printable(line)}, expected 'sku,quantity'")
+                # Without a header we cannot trust any column: stop here.
+                return CsvInvalid(tuple(issues.items))
+            continue
+
+        row_count += 1
+        if row_count > max_rows:
+            issues.add(line_no, None, "csv.too_many_rows", f"more than {max_rows} rows")
+            break
+        if issues.full:
+            # Keep counting rows for the row limit, but stop building values.
+            issues.truncated = True
+            continue
+        if len(fields) != 2:
+            issues.add(line_no, None, "csv.bad_row", f"{len(fields)} columns, expected 2")
+            continue
+        sku = _unquote(fields[0])
+        qty_text = _unquote(fields[1])
+        ok = True
+        if not _SKU.fullmatch(sku):
+            ok = False
+            issues.add(line_no, 1, "csv.bad_sku", f"SKU {_printable(sku)} is not valid")
+        if not _DIGITS.fullmatch(qty_text) or not (1 <= int(qty_text) <= MAX_QUANTITY):
+            ok = False
+            issues.add(line_no, 2, "csv.bad_quantity", f"quantity {_printable(qty_text)} is not a whole number from 1 to {MAX_QUANTITY}")
+        if not ok:
+            continue
+        first = seen.get(sku)
+        if first is not None:
+            issues.add(line_no, 1, "csv.duplicate_sku", f"SKU {sku} already on line {first}")
+            continue
+        seen[sku] = line_no
+        rows.append(Row(sku, int(qty_text)))
+
+    if not header_seen:
+        return CsvInvalid((CsvIssue(1, None, "csv.empty", "the file has no header and no rows"),))
+    if issues.items:
+        return CsvInvalid(tuple(issues.items), issues.truncated)
+    if not rows:
+        return CsvInvalid((CsvIssue(1, None, "csv.no_rows", "the file has a header but no rows"),))
+    return Shipment(tuple(rows))

@@ -1,0 +1,91 @@
+"""The marshmallow schemas of the HTTP API; openapi.yaml is generated from these."""
+
+from __future__ import annotations
+
+from marshmallow import RAISE, Schema, fields, validate
+
+from domain.shipment import BATCH_ID_PATTERN
+
+
+class EnqueueRequestSchema(Schema):
+    class Meta:
+        unknown = RAISE
+
+    batchId = fields.String(required=True, validate=validate.Regexp(BATCH_ID_PATTERN), metadata={
+        "description": "Names one shipment forever. Same batchId with other content is a conflict.",
+        "example": "shipment-a-2026",
+    })
+    csv = fields.String(required=True, metadata={
+        "description": "The CSV text: header 'sku,quantity', then one row per SKU.",
+        "example": "sku,quantity\nWIDGET-RED-01,10\n",
+    })
+
+
+class JobAcceptedSchema(Schema):
+    jobId = fields.String(required=True, metadata={"example": "shipment-shipment-a-2026"})
+    batchId = fields.String(required=True, metadata={"example": "shipment-a-2026"})
+    state = fields.String(required=True, validate=validate.OneOf(["waiting", "active", "retrying", "completed", "failed"]))
+
+
+class ProgressSchema(Schema):
+    phase = fields.String(required=True, validate=validate.OneOf(["validated", "committed"]))
+    rows = fields.Integer(required=True, metadata={"description": "Line items (rows) in the shipment, not units."})
+
+
+class ResultSchema(Schema):
+    imported = fields.Integer(required=True, metadata={"description": "Rows applied to stock."})
+    batchId = fields.String(required=True)
+    replay = fields.Boolean(metadata={"description": "Present and true when the batch had been applied before: nothing was added this time."})
+
+
+class CsvIssueSchema(Schema):
+    line = fields.Integer(required=True, metadata={"description": "1-based line of the file (the header is line 1)."})
+    column = fields.Integer(required=True, allow_none=True, metadata={"description": "1 = sku, 2 = quantity, null = the whole line."})
+    code = fields.String(required=True, metadata={"example": "csv.bad_quantity"})
+    message = fields.String(required=True)
+
+
+class JobErrorSchema(Schema):
+    code = fields.String(required=True, metadata={"description": "Stable error code.", "example": "csv.bad_quantity"})
+    message = fields.String(required=True, metadata={"description": "What to fix."})
+    issues = fields.List(fields.Nested(CsvIssueSchema), metadata={"description": "Located CSV issues, for csv.* codes."})
+    issuesTruncated = fields.Boolean(metadata={"description": "True when more issues existed than listed."})
+
+
+class JobStatusSchema(Schema):
+    id = fields.String(required=True, metadata={"example": "shipment-shipment-a-2026"})
+    batchId = fields.String(required=True)
+    state = fields.String(required=True, validate=validate.OneOf(["waiting", "active", "retrying", "completed", "failed"]))
+    attempt = fields.Integer(required=True, metadata={
+        "description": "The current attempt (1-based; 0 before the first). progress always belongs to this attempt.",
+    })
+    progress = fields.Nested(ProgressSchema, required=True, allow_none=True)
+    result = fields.Nested(ResultSchema, required=True, allow_none=True)
+    error = fields.Nested(JobErrorSchema, required=True, allow_none=True)
+    createdAt = fields.DateTime(required=True)
+    updatedAt = fields.DateTime(required=True)
+    startedAt = fields.DateTime(allow_none=True)
+    finishedAt = fields.DateTime(allow_none=True)
+    nextAttemptAt = fields.DateTime(allow_none=True, metadata={"description": "When state is retrying: the earliest next attempt."})
+
+
+class HealthSchema(Schema):
+    status = fields.String(required=True, validate=validate.OneOf(["ok", "unavailable"]))
+    reason = fields.String(metadata={"description": "Why the service is unavailable: 'closing' or 'redis_unreachable'."})
+
+
+class ProblemSchema(Schema):
+    """RFC 9457 problem details, with a stable ``code``."""
+
+    type = fields.String(required=True, metadata={"example": "https://importer.example/problems/job.not_found"})
+    title = fields.String(required=True)
+    status = fields.Integer(required=True)
+    detail = fields.String(required=True, metadata={"description": "What to do about it."})
+    code = fields.String(required=True, metadata={"example": "job.not_found"})
+    instance = fields.String(metadata={"description": "The request path."})
+    fields_ = fields.Dict(
+        data_key="fields",
+        keys=fields.String(),
+        values=fields.List(fields.String()),
+        metadata={"description": "For request.invalid: the invalid fields and why."},
+    )

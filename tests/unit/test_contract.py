@@ -1,0 +1,176 @@
+"""The versioned queue message contract (domain/contract.py)."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import pytest
+
+from domain.contract import (
+    CURRENT_VERSION,
+    KNOWN_VERSIONS,
+    ImportMessage,
+    decode_message,
+    encode_message,
+    job_id_of,
+)
+from domain.errors import InvalidMessage, UnsupportedContractVersion, public_error_for
+
+V1 = frozenset({1})
+UPLOAD = "0123456789abcdef0123456789abcdef"
+
+
+def body(**overrides: object) -> dict[str, object]:
+    out: dict[str, object] = {"version": 1, "jobId": "shipment-batch-a", "batchId": "batch-a", "uploadId": UPLOAD}
+    out.update(overrides)
+    return out
+
+
+def test_versions() -> None:
+    assert CURRENT_VERSION == 1
+    assert KNOWN_VERSIONS == frozenset({1})
+
+
+def test_encode_gives_the_documented_body() -> None:
+    assert encode_message("shipment-batch-a", "batch-a", UPLOAD) == body()
+
+
+def test_round_trip() -> None:
+    encoded = encode_message("shipment-batch-a", "batch-a", UPLOAD)
+    assert decode_message(encoded, V1) == ImportMessage(1, "shipment-batch-a", "batch-a", UPLOAD)
+
+
+def test_decode_accepts_any_mapping_and_does_not_mutate_it() -> None:
+    payload = body()
+    assert decode_message(MappingProxyType(payload), V1).batch_id == "batch-a"
+    assert payload == body()
+
+
+def test_decode_with_several_accepted_versions() -> None:
+    assert decode_message(body(), frozenset({1, 2})).version == 1
+
+
+def test_encode_unknown_version() -> None:
+    with pytest.raises(UnsupportedContractVersion) as info:
+        encode_message("j", "batch-a", UPLOAD, version=2)
+    assert info.value.version == 2
+    assert info.value.code == "contract.unsupported_version"
+
+
+@pytest.mark.parametrize(
+    ("job_id", "batch_id", "upload_id"),
+    [("", "batch-a", UPLOAD), ("j" * 129, "batch-a", UPLOAD), ("j", "-bad", UPLOAD), ("j", "batch-a", UPLOAD.upper()), ("j", "batch-a", "x")],
+)
+def test_encode_refuses_an_invalid_message(job_id: str, batch_id: str, upload_id: str) -> None:
+    with pytest.raises(InvalidMessage):
+        encode_message(job_id, batch_id, upload_id)
+
+
+@pytest.mark.parametrize("accepted", [V1, frozenset({1, 2}), frozenset({2})])
+def test_version_2_is_unsupported(accepted: frozenset[int]) -> None:
+    # Version 2 is not known to this code base even if configured as accepted.
+    with pytest.raises(UnsupportedContractVersion) as info:
+        decode_message(body(version=2), accepted)
+    assert info.value.version == 2
+    assert info.value.permanent is True
+    assert public_error_for(info.value).code == "contract.unsupported_version"
+
+
+@pytest.mark.parametrize("accepted", [frozenset(), frozenset({2}), frozenset({0, 3})])
+def test_version_1_not_accepted_is_unsupported(accepted: frozenset[int]) -> None:
+    with pytest.raises(UnsupportedContractVersion) as info:
+        decode_message(body(), accepted)
+    assert info.value.version == 1
+
+
+@pytest.mark.parametrize("version", [0, -1, 99, 2**70])
+def test_other_integer_versions_are_unsupported(version: int) -> None:
+    with pytest.raises(UnsupportedContractVersion):
+        decode_message(body(version=version), V1)
+
+
+@pytest.mark.parametrize("field", ["jobId", "batchId", "uploadId"])
+def test_missing_field(field: str) -> None:
+    payload = body()
+    del payload[field]
+    with pytest.raises(InvalidMessage) as info:
+        decode_message(payload, V1)
+    assert field in str(info.value)
+    assert info.value.code == "contract.invalid_message"
+    assert info.value.permanent is True
+
+
+def test_missing_version() -> None:
+    payload = body()
+    del payload["version"]
+    with pytest.raises(InvalidMessage):
+        decode_message(payload, V1)
+
+
+@pytest.mark.parametrize("extra", [{"csv": "sku,quantity\nA,1\n"}, {"version2": 1}, {"": None}])
+def test_extra_field(extra: dict[str, object]) -> None:
+    with pytest.raises(InvalidMessage):
+        decode_message(body(**extra), V1)
+
+
+@pytest.mark.parametrize("version", [True, False, "1", 1.0, None, [1], {"v": 1}])
+def test_non_integer_version(version: object) -> None:
+    with pytest.raises(InvalidMessage):
+        decode_message(body(version=version), V1)
+
+
+@pytest.mark.parametrize("payload", [None, [], [("version", 1)], "version=1", b"{}", 1, ("a", "b"), {1, 2}])
+def test_non_mapping(payload: object) -> None:
+    with pytest.raises(InvalidMessage):
+        decode_message(payload, V1)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"jobId": ""},
+        {"jobId": "j" * 129},
+        {"jobId": 5},
+        {"jobId": None},
+        {"batchId": ""},
+        {"batchId": "-batch"},
+        {"batchId": "a" * 65},
+        {"batchId": "a b"},
+        {"batchId": 7},
+        {"uploadId": UPLOAD.upper()},
+        {"uploadId": UPLOAD[:-1]},
+        {"uploadId": UPLOAD + "0"},
+        {"uploadId": "g" * 32},
+        {"uploadId": None},
+    ],
+)
+def test_invalid_field_values(overrides: dict[str, object]) -> None:
+    with pytest.raises(InvalidMessage):
+        decode_message(body(**overrides), V1)
+
+
+@pytest.mark.parametrize("overrides", [{"batchId": "batch-a\n"}, {"uploadId": UPLOAD + "\n"}])
+def test_trailing_newline_is_invalid(overrides: dict[str, object]) -> None:
+    with pytest.raises(InvalidMessage):
+        decode_message(body(**overrides), V1)
+
+
+def test_limits_are_inclusive() -> None:
+    message = decode_message(body(jobId="j" * 128, batchId="b" * 64), V1)
+    assert (len(message.job_id), len(message.batch_id)) == (128, 64)
+
+
+def test_job_id_of() -> None:
+    assert job_id_of(body()) == "shipment-batch-a"
+    # Works on messages that cannot be decoded, which is its purpose.
+    assert job_id_of(body(version=2, uploadId="nope")) == "shipment-batch-a"
+    assert job_id_of({"jobId": "j" * 128}) == "j" * 128
+    assert job_id_of(MappingProxyType({"jobId": "x"})) == "x"
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [{}, {"jobId": ""}, {"jobId": "j" * 129}, {"jobId": 5}, {"jobId": None}, None, "shipment-x", ["jobId"], 3],
+)
+def test_job_id_of_unknown(payload: object) -> None:
+    assert job_id_of(payload) is None
