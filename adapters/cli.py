@@ -1,0 +1,260 @@
+"""The ``importer`` command: serve, worker, dev, openapi, keys, inspect."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from adapters.settings import Settings, SettingsError
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO_FIXTURE = ROOT / "fixtures" / "shipment-a-2026.csv"
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from adapters.http_server import serve
+
+    Settings.from_env()  # fail fast, in the master, on bad settings
+    serve(args.bind, args.workers, args.threads, args.timeout, args.graceful_timeout)
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    if not settings.redis_url:
+        raise SettingsError("IMPORTER_REDIS_URL is not set (only `importer dev` starts an embedded server)")
+    argv = [
+        sys.executable, "-m", "dramatiq", "adapters.worker_entry:broker",
+        "--processes", str(args.processes), "--threads", str(args.threads),
+        "--worker-shutdown-timeout", str(int(settings.worker_shutdown_timeout_s * 1000)),
+        "--skip-logging", "--path", str(ROOT),
+    ]
+    env = dict(os.environ)
+    # dramatiq prefetches 2 x threads messages by default; see README (Performance).
+    if args.prefetch:
+        env["dramatiq_queue_prefetch"] = str(args.prefetch)
+    os.execve(sys.executable, argv, env)
+    return 0  # not reached
+
+
+def cmd_openapi(args: argparse.Namespace) -> int:
+    from handlers.openapi import SPEC_PATH, spec_yaml
+
+    text = spec_yaml()
+    if args.write:
+        SPEC_PATH.write_text(text, encoding="utf-8")
+        print(f"wrote {SPEC_PATH.name}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_keys_create(args: argparse.Namespace) -> int:
+    from handlers.auth import OWNER_PATTERN, hash_key, new_key
+
+    if not OWNER_PATTERN.match(args.owner):
+        print("owner must be 1-64 characters: letters, digits, '.', '_' or '-'", file=sys.stderr)
+        return 2
+    key = new_key()
+    print(f"API key for {args.owner} (shown once, give it to the producer):\n  {key}")
+    print(f"Line for IMPORTER_API_KEYS_FILE (the server keeps only this hash):\n  {args.owner}:{hash_key(key)}")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """Operator view of a job: the whole record, with the diagnostic the API never shows."""
+    from adapters.bootstrap import clock_ms, redis_client
+    from adapters.redis_store import RedisStore
+
+    settings = Settings.from_env()
+    store = RedisStore(redis_client(settings), settings, clock_ms=clock_ms)
+    record = store.get_job(args.job_id)
+    if record is None:
+        print(f"no job record {args.job_id} (it may have been removed by retention)", file=sys.stderr)
+        return 1
+    out = dict(vars(record))
+    out["diagnostic"] = store.get_diagnostic(args.job_id)
+    print(json.dumps(out, indent=2, default=str))
+    return 0
+
+
+# -- importer dev ------------------------------------------------------------------
+
+
+def _http(method: str, url: str, key: str | None, body: bytes | None = None, ctype: str = "") -> tuple[int, Any]:
+    request = urllib.request.Request(url, data=body, method=method)
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    if ctype:
+        request.add_header("Content-Type", ctype)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"null")
+
+
+def _wait_healthy(url: str, procs: list[subprocess.Popen[bytes]], timeout: float = 60) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in procs):
+            return False
+        try:
+            status, _ = _http("GET", f"{url}/health", None)
+            if status == 200:
+                return True
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def run_demo(url: str, key: str, fixture: Path = DEMO_FIXTURE) -> int:
+    batch_id = fixture.stem
+    print(f"demo: POST {fixture.name} as batch {batch_id}", flush=True)
+    status, body = _http("POST", f"{url}/api/imports?batchId={batch_id}", key, fixture.read_bytes(), "text/csv")
+    print(f"demo: {status} {json.dumps(body)}", flush=True)
+    if status != 202:
+        return 1
+    job_url = f"{url}/api/imports/{body['jobId']}"
+    last = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        status, record = _http("GET", job_url, key)
+        shown = {k: record.get(k) for k in ("id", "state", "progress", "result", "error")} if status == 200 else record
+        if shown != last:
+            print(f"demo: GET {job_url} -> {status} {json.dumps(shown)}", flush=True)
+            last = shown
+        if status == 200 and record["state"] in ("completed", "failed"):
+            return 0 if record["state"] == "completed" else 1
+        time.sleep(0.1)
+    print("demo: the import did not finish within 60 s", flush=True)
+    return 1
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    from adapters.embedded_redis import EmbeddedRedis
+    from handlers.auth import hash_key, new_key
+
+    env = dict(os.environ)
+    embedded = None
+    if not env.get("IMPORTER_REDIS_URL"):
+        embedded = EmbeddedRedis(Path(env.get("IMPORTER_DATA_DIR", ".importer-data")).resolve())
+        env["IMPORTER_REDIS_URL"] = embedded.start()
+        print(f"dev: embedded Redis-compatible server (valkey) at {embedded.url}, data in {embedded.data_dir}", flush=True)
+    key = env.get("IMPORTER_API_KEY")
+    if not env.get("IMPORTER_API_KEYS") and not env.get("IMPORTER_API_KEYS_FILE"):
+        key = new_key()
+        env["IMPORTER_API_KEYS"] = f"local:{hash_key(key)}"
+    url = f"http://127.0.0.1:{args.port}"
+    me = [sys.executable, "-m", "adapters.cli"]
+    # Own sessions: Ctrl-C reaches only this process, which then stops each
+    # child exactly once (a second signal would not start a second shutdown,
+    # but one clean signal is clearer).
+    procs = [
+        subprocess.Popen(me + ["worker", "--processes", "1", "--threads", "8"], env=env, start_new_session=True),
+        subprocess.Popen(me + ["serve", "--bind", f"127.0.0.1:{args.port}", "--workers", "1"], env=env, start_new_session=True),
+    ]
+    stopping = {"flag": False}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stopping["flag"] = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    rc = 0
+    try:
+        if not _wait_healthy(url, procs):
+            print("dev: the HTTP server did not become healthy", file=sys.stderr)
+            rc = 1
+        else:
+            print(f"dev: HTTP on {url} (GET {url}/health, {url}/openapi.yaml), worker running", flush=True)
+            if key:
+                print(f"dev: API key: {key}", flush=True)
+                print(
+                    f"dev: try: curl -s -H 'Authorization: Bearer {key}' -H 'Content-Type: text/csv' "
+                    f"--data-binary @fixtures/shipment-a-2026.csv '{url}/api/imports?batchId=shipment-a-2026'",
+                    flush=True,
+                )
+            if args.demo:
+                rc = run_demo(url, key or "")
+            else:
+                print("dev: press Ctrl-C to stop", flush=True)
+                while not stopping["flag"] and all(p.poll() is None for p in procs):
+                    time.sleep(0.2)
+    finally:
+        print("dev: stopping", flush=True)
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                rc = rc or 1
+        if embedded is not None:
+            embedded.stop()
+        print("dev: stopped", flush=True)
+    return rc
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="importer", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="run the HTTP API under gunicorn")
+    p.add_argument("--bind", default=os.environ.get("IMPORTER_HTTP_BIND", "127.0.0.1:8080"))
+    p.add_argument("--workers", type=int, default=2, help="gunicorn worker processes")
+    p.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker (gthread)")
+    p.add_argument("--timeout", type=int, default=30, help="seconds before a stuck request's worker is restarted")
+    p.add_argument("--graceful-timeout", type=int, default=30, help="seconds in-flight requests get on SIGTERM")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("worker", help="run dramatiq worker processes")
+    p.add_argument("--processes", type=int, default=1)
+    p.add_argument("--threads", type=int, default=8)
+    p.add_argument("--prefetch", type=int, default=0, help="messages prefetched per process (0: dramatiq's 2 x threads)")
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("dev", help="embedded Redis + worker + HTTP on 127.0.0.1, until Ctrl-C")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--demo", action="store_true", help="import fixtures/shipment-a-2026.csv over HTTP, then stop")
+    p.set_defaults(func=cmd_dev)
+
+    p = sub.add_parser("openapi", help="print the OpenAPI document generated from the code")
+    p.add_argument("--write", action="store_true", help="rewrite openapi.yaml")
+    p.set_defaults(func=cmd_openapi)
+
+    p = sub.add_parser("keys", help="API keys")
+    keys = p.add_subparsers(dest="keys_command", required=True)
+    k = keys.add_parser("create", help="make a new key for OWNER")
+    k.add_argument("owner")
+    k.set_defaults(func=cmd_keys_create)
+
+    p = sub.add_parser("inspect", help="operator view of a job record, with its diagnostic")
+    p.add_argument("job_id")
+    p.set_defaults(func=cmd_inspect)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except SettingsError as err:
+        print(f"importer: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
