@@ -12,6 +12,8 @@ dramatiq's defaults are not this service's, so every option is set here:
 * Heartbeat timeout: dramatiq waits 60 s before a dead worker's messages are
   redelivered. 15 s by default (IMPORTER_HEARTBEAT_TIMEOUT): a redelivered
   import is harmless (the done marker), a stalled one is what users see.
+* Maintenance chance: how often the broker looks for dead workers; dramatiq's
+  default leaves a dead worker's message alone for minutes on an idle queue.
 * Permanent failures (invalid CSV, unsupported contract version, conflict,
   overflow) are in the actor's ``throws``: recorded as failed, never retried.
 """
@@ -70,6 +72,7 @@ def build_broker(settings: Settings, client: Any, *, worker_middleware: list[Mid
         namespace=f"{settings.key_prefix}dramatiq",
         middleware=middleware,
         heartbeat_timeout=int(settings.heartbeat_timeout_s * 1000),
+        maintenance_chance=settings.maintenance_chance,
         dead_message_ttl=86_400_000,
     )
 

@@ -1,0 +1,36 @@
+# Two commands on a fresh machine with only Python 3.11+ and PyPI:
+#   make run   - installs into .venv on first use, then runs `importer dev`
+#   make test  - installs into .venv on first use, then runs every test
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run demo test unit integration openapi bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/importer dev
+
+demo: $(STAMP)
+	$(BIN)/importer dev --demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest tests/unit
+
+integration: $(STAMP)
+	$(BIN)/python -m pytest tests/integration
+
+openapi: $(STAMP)
+	$(BIN)/importer openapi --write
+
+clean:
+	rm -rf $(VENV) .importer-data .pytest_cache .hypothesis

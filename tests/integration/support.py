@@ -1,0 +1,199 @@
+"""Real processes for integration tests: `importer worker`, `importer serve`,
+and an HTTP client speaking to them. No mocks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from adapters.bootstrap import clock_ms
+from adapters.queue import ImportQueue, build_broker
+from adapters.redis_store import RedisStore
+from adapters.settings import Settings
+from handlers.auth import hash_key, new_key
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "fixtures"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(predicate: Any, timeout: float, interval: float = 0.05, message: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def signal(self, sig: int) -> None:
+        os.killpg(self.popen.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group, as a machine dying would."""
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.popen.wait(timeout=10)
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.popen.returncode
+
+
+@dataclass
+class System:
+    """One isolated Importer installation (own key prefix) on the shared Redis."""
+
+    redis_url: str
+    workdir: Path
+    env_overrides: dict[str, str] = field(default_factory=dict)
+    prefix: str = field(default_factory=lambda: "{t" + uuid.uuid4().hex[:12] + "}:")
+    api_key: str = field(default_factory=new_key)
+    procs: list[Proc] = field(default_factory=list)
+    base_url: str = ""
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("IMPORTER_")}
+        env.update(
+            IMPORTER_REDIS_URL=self.redis_url,
+            IMPORTER_KEY_PREFIX=self.prefix,
+            IMPORTER_API_KEYS=f"owner-a:{hash_key(self.api_key)}",
+            IMPORTER_HEARTBEAT_TIMEOUT="3",
+            IMPORTER_BROKER_MAINTENANCE_CHANCE="1000000",
+            IMPORTER_SWEEP_INTERVAL="0.5",
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(self.env_overrides)
+        return env
+
+    @property
+    def settings(self) -> Settings:
+        return Settings.from_env(self.env)
+
+    def store(self) -> RedisStore:
+        return RedisStore(redis.Redis.from_url(self.redis_url), self.settings, clock_ms=clock_ms)
+
+    def queue(self) -> ImportQueue:
+        settings = self.settings
+        return ImportQueue(build_broker(settings, redis.Redis.from_url(self.redis_url)), settings)
+
+    def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> Proc:
+        log_path = self.workdir / f"{name}-{len(self.procs)}.log"
+        handle = open(log_path, "wb")
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "adapters.cli", *args],
+            env=env, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        handle.close()
+        proc = Proc(name, popen, log_path)
+        self.procs.append(proc)
+        return proc
+
+    def start_worker(self, *, threads: int = 4, **env: str) -> Proc:
+        proc = self._spawn("worker", ["worker", "--processes", "1", "--threads", str(threads)], {**self.env, **env})
+        wait_for(lambda: "ready for action" in proc.log() or proc.popen.poll() is not None, 30, message="worker boot")
+        assert proc.popen.poll() is None, proc.log()
+        return proc
+
+    def start_http(self, *, workers: int = 1, **env: str) -> Proc:
+        port = free_port()
+        proc = self._spawn("http", ["serve", "--bind", f"127.0.0.1:{port}", "--workers", str(workers)], {**self.env, **env})
+        self.base_url = f"http://127.0.0.1:{port}"
+
+        def healthy() -> bool:
+            if proc.popen.poll() is not None:
+                raise AssertionError(proc.log())
+            try:
+                return self.request("GET", "/health")[0] == 200
+            except OSError:
+                return False
+
+        wait_for(healthy, 30, 0.1, message="HTTP health")
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop()
+
+    # -- HTTP -----------------------------------------------------------
+
+    def request(
+        self, method: str, path: str, *, body: bytes | None = None, ctype: str = "", key: str | None = "default",
+        base_url: str | None = None,
+    ) -> tuple[int, dict[str, str], bytes]:
+        req = urllib.request.Request((base_url or self.base_url) + path, data=body, method=method)
+        if key == "default":
+            key = self.api_key
+        if key:
+            req.add_header("Authorization", f"Bearer {key}")
+        if ctype:
+            req.add_header("Content-Type", ctype)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status, dict(resp.headers), resp.read()
+        except urllib.error.HTTPError as err:
+            return err.code, dict(err.headers), err.read()
+
+    def post_csv(self, batch_id: str, data: bytes, **kw: Any) -> tuple[int, Any]:
+        status, _, body = self.request("POST", f"/api/imports?batchId={batch_id}", body=data, ctype="text/csv", **kw)
+        return status, json.loads(body)
+
+    def get_job(self, job_id: str, **kw: Any) -> tuple[int, Any]:
+        status, _, body = self.request("GET", f"/api/imports/{job_id}", **kw)
+        return status, json.loads(body)
+
+    def wait_state(self, job_id: str, states: tuple[str, ...] = ("completed", "failed"), timeout: float = 30) -> Any:
+        def done() -> Any:
+            status, record = self.get_job(job_id)
+            return record if status == 200 and record["state"] in states else None
+
+        return wait_for(done, timeout, 0.05, message=f"{job_id} in {states}")
+
+
+def queued_messages(system: System) -> int:
+    """Messages stored in the dramatiq queue, waiting or held unacked by a worker (Redis broker layout)."""
+    client = redis.Redis.from_url(system.redis_url)
+    ns = f"{system.prefix}dramatiq"
+    return int(client.hlen(f"{ns}:{system.settings.queue_name}.msgs"))
+
+
+def undelivered_messages(system: System) -> int:
+    """Messages in the dramatiq queue that no worker has fetched yet."""
+    client = redis.Redis.from_url(system.redis_url)
+    return int(client.llen(f"{system.prefix}dramatiq:{system.settings.queue_name}"))
