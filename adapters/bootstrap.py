@@ -18,6 +18,7 @@ import redis
 from adapters.logs import log_event
 from adapters.queue import (
     AttemptRecorder,
+    CloseConnections,
     ImportQueue,
     ImportRunner,
     UnsentSweeper,
@@ -105,7 +106,11 @@ def build_worker(settings: Settings) -> dramatiq.Broker:
     store = RedisStore(client, settings, clock_ms=clock_ms)
     runner = ImportRunner(store, settings)
     holder: list[ImportQueue] = []
-    middleware = [AttemptRecorder(runner, settings), UnsentSweeper(store, lambda: holder[0], settings)]
+    middleware = [
+        AttemptRecorder(runner, settings),
+        UnsentSweeper(store, lambda: holder[0], settings),
+        CloseConnections(client),
+    ]
     broker = build_broker(settings, client, worker_middleware=middleware)
     holder.append(ImportQueue(broker, settings))
     declare_import_actor(broker, runner, settings)

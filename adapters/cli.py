@@ -46,6 +46,23 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0  # not reached
 
 
+def cmd_events(args: argparse.Namespace) -> int:
+    """The observer: one line per job event from every worker, until SIGINT/SIGTERM."""
+    from adapters.bootstrap import redis_client
+    from adapters.logs import configure_logging
+    from adapters.observer import EventsObserver
+    from adapters.redis_store import Keys
+    from adapters.signals import StopOnce
+
+    configure_logging()
+    settings = Settings.from_env()
+    stop = StopOnce(name="events").install()
+    observer = EventsObserver(
+        redis_client(settings), Keys(settings.key_prefix).events, sys.stdout, as_json=args.json, start=args.start
+    )
+    return observer.run(stop.event)
+
+
 def cmd_openapi(args: argparse.Namespace) -> int:
     from handlers.openapi import SPEC_PATH, spec_yaml
 
@@ -161,6 +178,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     # child exactly once (a second signal would not start a second shutdown,
     # but one clean signal is clearer).
     procs = [
+        subprocess.Popen(me + ["events"], env=env, start_new_session=True),
         subprocess.Popen(me + ["worker", "--processes", "1", "--threads", "8"], env=env, start_new_session=True),
         subprocess.Popen(me + ["serve", "--bind", f"127.0.0.1:{args.port}", "--workers", "1"], env=env, start_new_session=True),
     ]
@@ -187,12 +205,13 @@ def cmd_dev(args: argparse.Namespace) -> int:
                 )
             if args.demo:
                 rc = run_demo(url, key or "")
+                time.sleep(1.5)  # let the observer print the last events
             else:
                 print("dev: press Ctrl-C to stop", flush=True)
                 while not stopping["flag"] and all(p.poll() is None for p in procs):
                     time.sleep(0.2)
     finally:
-        print("dev: stopping", flush=True)
+        print("dev: stopping (each process finishes what it is doing)", flush=True)
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -230,6 +249,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--demo", action="store_true", help="import fixtures/shipment-a-2026.csv over HTTP, then stop")
     p.set_defaults(func=cmd_dev)
+
+    p = sub.add_parser("events", help="print every job event (progress, completed, failed...) from all workers")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument(
+        "--from", dest="start", default="$",
+        help="resume after this stream id ('0' for all retained history; default: from now)",
+    )
+    p.set_defaults(func=cmd_events)
 
     p = sub.add_parser("openapi", help="print the OpenAPI document generated from the code")
     p.add_argument("--write", action="store_true", help="rewrite openapi.yaml")

@@ -4,20 +4,32 @@ gunicorn because it is the most used WSGI server for Python services on
 Unix: pre-fork workers (each builds its own Redis clients after the fork),
 graceful SIGTERM handling (stop accepting, finish in-flight requests within
 ``graceful_timeout``), request timeouts, and a threaded worker class. Any
-other WSGI server works too: point it at ``adapters.http_server:wsgi_app()``.
+other WSGI server works too: ``adapters.http_server:wsgi_app`` is a factory.
+
+Shutdown, in each gunicorn worker, on the first SIGTERM or SIGINT:
+1. the app marks itself closing: ``/health`` answers 503 ``closing``;
+2. for ``IMPORTER_HTTP_DRAIN_DELAY`` seconds it keeps serving, so a load
+   balancer polling /health takes it out before it stops accepting;
+3. gunicorn stops accepting and finishes in-flight requests;
+4. the broker and Redis clients are closed (gunicorn's worker_exit hook).
+Later signals are ignored. SIGINT is graceful too (gunicorn's own SIGINT is a
+quick shutdown that would cut in-flight requests).
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import threading
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
+from gunicorn.arbiter import Arbiter
 
 from adapters.bootstrap import HttpSide, build_http
 from adapters.logs import configure_logging, log_event
 from adapters.settings import Settings
+from adapters.signals import StopOnce
 
 log = logging.getLogger("importer.http")
 
@@ -28,34 +40,43 @@ def wsgi_app() -> Any:
     return build_http(Settings.from_env()).app
 
 
+class _GracefulArbiter(Arbiter):  # type: ignore[misc]
+    def handle_int(self) -> None:
+        self.handle_term()
+
+
 class _Gunicorn(BaseApplication):  # type: ignore[misc]
     def __init__(self, options: dict[str, Any]) -> None:
         self.options = options
-        self.side: HttpSide | None = None
         super().__init__()
 
     def load_config(self) -> None:
         for key, value in self.options.items():
             self.cfg.set(key, value)
 
+    def run(self) -> None:
+        _GracefulArbiter(self).run()
+
     def load(self) -> Any:
         # Runs in each gunicorn worker after the fork: its own clients.
         configure_logging()
-        self.side = build_http(Settings.from_env())
-        side = self.side
+        settings = Settings.from_env()
+        side = build_http(settings)
+        # gunicorn installed the worker's signal handlers before loading the app.
+        gunicorn_exit = signal.getsignal(signal.SIGTERM)
 
-        # gunicorn installed its worker signal handlers before loading the app.
-        previous = signal.getsignal(signal.SIGTERM)
+        def begin(signum: int) -> None:
+            side.api.lifecycle.begin_closing()
 
-        def on_term(signum: int, frame: Any) -> None:
-            # Mark closing first so /health answers 503 while in-flight
-            # requests drain; gunicorn's own handler then stops the worker.
-            if side.api.lifecycle.begin_closing():
-                log_event(log, "http.closing")
-            if callable(previous):
-                previous(signum, frame)
+            def stop_accepting() -> None:
+                if callable(gunicorn_exit):
+                    gunicorn_exit(signal.SIGTERM, None)
 
-        signal.signal(signal.SIGTERM, on_term)
+            timer = threading.Timer(settings.http_drain_delay_s, stop_accepting)
+            timer.daemon = True
+            timer.start()
+
+        StopOnce(begin, name="http").install(signal.SIGTERM, signal.SIGINT)
         self.cfg.set("worker_exit", _close_on_exit(side))
         return side.app
 

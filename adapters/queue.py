@@ -294,3 +294,16 @@ def declare_import_actor(broker: dramatiq.Broker, runner: ImportRunner, settings
         time_limit=int(settings.time_limit_s * 1000),
         throws=(PermanentImportFailure,),
     )
+
+
+class CloseConnections(Middleware):
+    """Closes the worker process's Redis connections after dramatiq has stopped
+    its worker threads (in-flight imports finished or the shutdown deadline
+    passed) and its consumers: never before."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def after_worker_shutdown(self, broker: Any, worker: Any) -> None:
+        self.client.close()
+        log_event(log, "worker.redis_closed")

@@ -85,6 +85,9 @@ class Settings:
     #: dead workers to redeliver their messages. dramatiq's 1,000 means ~500 s
     #: between checks on an idle queue; 50,000 brings it to ~10-20 s.
     maintenance_chance: int = 50_000
+    #: Seconds an HTTP worker keeps serving (with /health at 503) after SIGTERM
+    #: before it stops accepting, so load balancers take it out first.
+    http_drain_delay_s: float = 2.0
     #: Seconds a worker waits for in-flight imports when asked to stop.
     worker_shutdown_timeout_s: float = 30.0
     #: Seconds a recorded job may wait for its message to be sent before the
@@ -116,6 +119,7 @@ class Settings:
             time_limit_s=_float(env, "IMPORTER_TIME_LIMIT", cls.time_limit_s),
             heartbeat_timeout_s=_float(env, "IMPORTER_HEARTBEAT_TIMEOUT", cls.heartbeat_timeout_s),
             maintenance_chance=_int(env, "IMPORTER_BROKER_MAINTENANCE_CHANCE", cls.maintenance_chance),
+            http_drain_delay_s=_float(env, "IMPORTER_HTTP_DRAIN_DELAY", cls.http_drain_delay_s),
             worker_shutdown_timeout_s=_float(env, "IMPORTER_WORKER_SHUTDOWN_TIMEOUT", cls.worker_shutdown_timeout_s),
             unsent_grace_s=_float(env, "IMPORTER_UNSENT_GRACE", cls.unsent_grace_s),
             sweep_interval_s=_float(env, "IMPORTER_SWEEP_INTERVAL", cls.sweep_interval_s),

@@ -4,9 +4,21 @@ dramatiq's CLI needs a module that exposes a broker; this one is a
 composition root entry point, so building here is its purpose.
 """
 
+import signal
+
 from adapters.bootstrap import build_worker
 from adapters.logs import configure_logging
 from adapters.settings import Settings
+from adapters.signals import StopOnce
 
 configure_logging()
 broker = build_worker(Settings.from_env())
+
+# dramatiq's worker process kills itself (exit 1) on a second SIGTERM, which
+# would cut in-flight imports short. Keep its first-signal behaviour (stop
+# fetching, finish in flight within --worker-shutdown-timeout, then close)
+# and make every later signal a no-op.
+_dramatiq_termhandler = signal.getsignal(signal.SIGTERM)
+if callable(_dramatiq_termhandler):
+    _once = StopOnce(lambda signum: _dramatiq_termhandler(signum, None), name="worker")  # type: ignore[misc]
+    _once.install(signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else []))

@@ -42,7 +42,8 @@ EXPLANATIONS: dict[str, tuple[str, str]] = {
     "request.not_found": ("Not found", "Check the URL."),
     "request.method_not_allowed": ("Method not allowed", "See openapi.yaml for the methods of this path."),
     "auth.required": ("API key required", "Send 'Authorization: Bearer <key>' with a key issued for your producer."),
-    "job.not_found": ("No such import job", "Job records are removed some time after they finish (retention), so a missing record does not mean the batch was never applied: read GET /api/shipments/{batchId} for the durable history."),
+    "job.not_found": ("No such import job", "The job record does not exist or was removed by retention some time after it finished. A missing record does not mean the batch was never applied: read GET /api/shipments/{batchId} for the durable history."),
+    "shipment.not_found": ("No applied shipment with this batchId", "This batch has not been applied (yet). If you sent it, read its job: GET /api/imports/shipment-{batchId}."),
     "service.unavailable": ("Service unavailable", "The service cannot reach its store or is shutting down. Retry later."),
     "internal": ("Internal error", "Something went wrong on our side. Retry later; the request id is in the logs."),
 }

@@ -18,10 +18,10 @@ from typing import Any, Protocol
 from marshmallow import ValidationError
 
 from domain.errors import CsvInvalid
-from domain.jobs import JobRecord
+from domain.jobs import JobRecord, ShipmentRecord
 from domain.shipment import is_valid_batch_id, job_id_for, parse_shipment
 from handlers.http import Request, Response, json_response, problem
-from handlers.schemas import EnqueueRequestSchema, JobAcceptedSchema, JobStatusSchema
+from handlers.schemas import EnqueueRequestSchema, JobAcceptedSchema, JobStatusSchema, ShipmentSchema
 
 
 class EnqueueOutcomeLike(Protocol):
@@ -34,6 +34,7 @@ class JobStore(Protocol):
     def enqueue(self, *, job_id: str, batch_id: str, owner: str, content_sha256: str, upload_id: str, csv: bytes) -> EnqueueOutcomeLike: ...
     def mark_sent(self, job_id: str) -> None: ...
     def get_job(self, job_id: str) -> JobRecord | None: ...
+    def get_shipment(self, batch_id: str) -> ShipmentRecord | None: ...
     def ping(self) -> bool: ...
 
 
@@ -174,6 +175,21 @@ def get_import(api: Api, req: Request) -> Response:
     return json_response(200, job_status(record))
 
 
+def get_shipment(api: Api, req: Request) -> Response:
+    """GET /api/shipments/{batchId}: the durable history of one of the caller's batches."""
+    record = api.store.get_shipment(req.path_params["batchId"])
+    if record is None or record.owner != req.owner:
+        return problem(404, "shipment.not_found")
+    payload = {
+        "batchId": record.batch_id,
+        "state": "applied",
+        "appliedAt": _time(record.applied_at_ms),
+        "result": record.result,
+        "contentSha256": record.content_sha256,
+    }
+    return json_response(200, ShipmentSchema().dump(payload))
+
+
 def not_found_job(req: Request) -> Response:
     # Identical for "no such job" and "another owner's job" (no instance
     # member: it would echo the id and is the only thing that could differ).
@@ -185,8 +201,10 @@ def health(api: Api, req: Request) -> Response:
     if api.lifecycle.closing:
         return json_response(503, {"status": "unavailable", "reason": "closing"})
     try:
-        api.store.ping()
+        answered = api.store.ping()
     except api.unavailable_errors:
+        answered = False
+    if not answered:
         return json_response(503, {"status": "unavailable", "reason": "redis_unreachable"})
     return json_response(200, {"status": "ok"})
 

@@ -22,6 +22,7 @@ _SCHEMAS = {
     "EnqueueRequest": schemas.EnqueueRequestSchema,
     "JobAccepted": schemas.JobAcceptedSchema,
     "JobStatus": schemas.JobStatusSchema,
+    "Shipment": schemas.ShipmentSchema,
     "Health": schemas.HealthSchema,
     "Problem": schemas.ProblemSchema,
 }

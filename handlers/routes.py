@@ -84,6 +84,21 @@ ROUTES: tuple[Route, ...] = (
             "503": _problem_response("The store is unreachable (service.unavailable)."),
         },
     }),
+    Route("GET", "/api/shipments/{batchId}", h.get_shipment, {
+        "operationId": "getShipment",
+        "summary": "Whether and when one of your batches was applied (durable history)",
+        "description": (
+            "Answers from the done marker, which retention never removes: correct forever, "
+            "even after the job record is gone."
+        ),
+        "parameters": [{"name": "batchId", "in": "path", "required": True, "schema": {"type": "string"}}],
+        "responses": {
+            "200": {"description": "The batch was applied.", "content": {"application/json": {"schema": "Shipment"}}},
+            **_auth_errors(),
+            "404": _problem_response("The batch was never applied (shipment.not_found)."),
+            "503": _problem_response("The store is unreachable (service.unavailable)."),
+        },
+    }),
     Route("GET", "/health", h.health, {
         "operationId": "health",
         "summary": "Liveness of this HTTP process and its Redis",

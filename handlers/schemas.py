@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
-from marshmallow import RAISE, Schema, fields, validate
+from marshmallow import RAISE, Schema, ValidationError, fields, validate
 
-from domain.shipment import BATCH_ID_PATTERN
+from domain.shipment import is_valid_batch_id
+
+
+def _batch_id(value: str) -> None:
+    # fullmatch semantics: validate.Regexp's re.match lets "$" accept a trailing newline.
+    if not is_valid_batch_id(value):
+        raise ValidationError("Must be 1-64 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit.")
 
 
 class EnqueueRequestSchema(Schema):
     class Meta:
         unknown = RAISE
 
-    batchId = fields.String(required=True, validate=validate.Regexp(BATCH_ID_PATTERN), metadata={
+    batchId = fields.String(required=True, validate=_batch_id, metadata={
+        "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
         "description": "Names one shipment forever. Same batchId with other content is a conflict.",
         "example": "shipment-a-2026",
     })
@@ -67,6 +74,16 @@ class JobStatusSchema(Schema):
     startedAt = fields.DateTime(allow_none=True)
     finishedAt = fields.DateTime(allow_none=True)
     nextAttemptAt = fields.DateTime(allow_none=True, metadata={"description": "When state is retrying: the earliest next attempt."})
+
+
+class ShipmentSchema(Schema):
+    batchId = fields.String(required=True, metadata={"example": "shipment-a-2026"})
+    state = fields.String(required=True, validate=validate.OneOf(["applied"]))
+    appliedAt = fields.DateTime(required=True)
+    result = fields.Nested(ResultSchema, required=True)
+    contentSha256 = fields.String(required=True, metadata={
+        "description": "SHA-256 of the canonical content (rows sorted by SKU, 'sku,quantity\\n' each).",
+    })
 
 
 class HealthSchema(Schema):
