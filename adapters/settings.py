@@ -105,6 +105,13 @@ class Settings:
     events_maxlen: int = 10_000
     #: "owner:sha256hex" entries (IMPORTER_API_KEYS, and/or the lines of IMPORTER_API_KEYS_FILE).
     api_keys: str = ""
+    #: POSTs allowed per owner per rate window (0 = no limit), across all HTTP processes.
+    rate_limit: int = 50
+    rate_window_s: float = 1.0
+    #: Refuse to start unless Redis has maxmemory-policy noeviction (override: loud warning).
+    allow_eviction: bool = False
+    #: Bearer token that GET /metrics requires; unset = /metrics answers 404.
+    metrics_token: str = ""
     #: Test-only fault injection, e.g. "after_apply:5" (sleep 5 s there) or
     #: "before_send:crash" (kill the process there). Never set in production.
     fault: str = ""
@@ -134,6 +141,10 @@ class Settings:
             events_maxlen=_int(env, "IMPORTER_EVENTS_MAXLEN", cls.events_maxlen, minimum=1),
             fault=env.get("IMPORTER_FAULT", ""),
             api_keys=_api_keys(env),
+            rate_limit=_int(env, "IMPORTER_RATE_LIMIT", cls.rate_limit),
+            rate_window_s=_float(env, "IMPORTER_RATE_WINDOW", cls.rate_window_s),
+            allow_eviction=env.get("IMPORTER_ALLOW_EVICTION", "").lower() in ("1", "true", "yes"),
+            metrics_token=env.get("IMPORTER_METRICS_TOKEN", ""),
         )
         settings.check()
         return settings

@@ -40,6 +40,7 @@ EXPLANATIONS: dict[str, tuple[str, str]] = {
     "request.unsupported_media_type": ("Content type not supported", "Send application/json or text/csv."),
     "request.too_large": ("Upload is too large", "Split the shipment into smaller files."),
     "request.not_found": ("Not found", "Check the URL."),
+    "request.rate_limited": ("Too many requests", "This producer sent too many imports in a short time. Wait for the number of seconds in Retry-After, then send again."),
     "request.method_not_allowed": ("Method not allowed", "See openapi.yaml for the methods of this path."),
     "auth.required": ("API key required", "Send 'Authorization: Bearer <key>' with a key issued for your producer."),
     "job.not_found": ("No such import job", "The job record does not exist or was removed by retention some time after it finished. A missing record does not mean the batch was never applied: read GET /api/shipments/{batchId} for the durable history."),

@@ -8,6 +8,7 @@ other transport only turn their own request shape into :class:`Request`.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import threading
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from marshmallow import ValidationError
 from domain.errors import CsvInvalid
 from domain.jobs import JobRecord, ShipmentRecord
 from domain.shipment import is_valid_batch_id, job_id_for, parse_shipment
+from handlers.auth import bearer_token
 from handlers.http import Request, Response, json_response, problem
 from handlers.schemas import EnqueueRequestSchema, JobAcceptedSchema, JobStatusSchema, ShipmentSchema
 
@@ -28,6 +30,7 @@ class EnqueueOutcomeLike(Protocol):
     kind: str
     state: str
     reason: str
+    retry_after_ms: int
 
 
 class JobStore(Protocol):
@@ -72,6 +75,12 @@ class Api:
     unavailable_errors: tuple[type[BaseException], ...] = ()
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
     fault: Callable[[str], None] = lambda point: None
+    #: Renders Prometheus text: (body, content type). None: /metrics is off.
+    metrics: Callable[[], tuple[bytes, str]] | None = None
+    #: The bearer token /metrics requires ('' = /metrics is off).
+    metrics_token: str = ""
+    #: Called when the store was unreachable (counts Redis errors).
+    on_store_error: Callable[[], None] = lambda: None
 
 
 def _time(ms: int | None) -> datetime | None:
@@ -108,6 +117,8 @@ def _read_enqueue_body(req: Request) -> tuple[str, bytes] | Response:
             loaded = EnqueueRequestSchema().load(data if isinstance(data, dict) else {"_": data})
         except ValidationError as err:
             return problem(422, "request.invalid", instance=req.path, fields=_field_errors(err))
+        if "batchId" in req.query and req.query["batchId"] != loaded["batchId"]:
+            return problem(422, "request.invalid", instance=req.path, fields={"batchId": ["The query batchId differs from the body's."]})
         return loaded["batchId"], loaded["csv"].encode()
     if content_type in ("text/csv", "application/csv"):
         batch_id = req.query.get("batchId", "")
@@ -155,6 +166,9 @@ def enqueue(api: Api, req: Request) -> Response:
         job_id=job_id, batch_id=batch_id, owner=owner,
         content_sha256=content_key(csv, api.max_rows), upload_id=upload_id, csv=csv,
     )
+    if outcome.kind == "rate_limited":
+        retry_after = max(1, -(-outcome.retry_after_ms // 1000))
+        return problem(429, "request.rate_limited", instance=req.path, headers=(("Retry-After", str(retry_after)),))
     if outcome.kind == "conflict":
         # Same answer whether another owner or other content holds the batchId:
         # nothing about the other shipment is revealed.
@@ -211,3 +225,16 @@ def health(api: Api, req: Request) -> Response:
 
 def openapi_document(api: Api, req: Request) -> Response:
     return Response(200, api.openapi_yaml().encode(), (("Content-Type", "application/yaml"),))
+
+
+def metrics(api: Api, req: Request) -> Response:
+    """GET /metrics: Prometheus text, for the holder of the metrics token only.
+
+    With no IMPORTER_METRICS_TOKEN set, no token matches: a deployment never
+    exposes queue internals by accident.
+    """
+    token = bearer_token(req.headers.get("authorization")) or ""
+    if api.metrics is None or not api.metrics_token or not hmac.compare_digest(token.encode(), api.metrics_token.encode()):
+        return problem(401, "auth.required", headers=(("WWW-Authenticate", 'Bearer realm="importer-metrics"'),))
+    body, content_type = api.metrics()
+    return Response(200, body, (("Content-Type", content_type),))

@@ -52,6 +52,9 @@ def build_spec() -> APISpec:
     spec.components.security_scheme(
         "bearerAuth", {"type": "http", "scheme": "bearer", "description": "An API key issued with `importer keys create OWNER`."}
     )
+    spec.components.security_scheme(
+        "metricsToken", {"type": "http", "scheme": "bearer", "description": "The token set in IMPORTER_METRICS_TOKEN."}
+    )
     for name, schema in _SCHEMAS.items():
         spec.components.schema(name, schema=schema)
     paths: dict[str, dict[str, dict]] = {}

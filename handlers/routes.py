@@ -48,7 +48,7 @@ ROUTES: tuple[Route, ...] = (
         ),
         "parameters": [{
             "name": "batchId", "in": "query", "required": False,
-            "description": "Required with text/csv bodies.",
+            "description": "Required with text/csv bodies; with a JSON body it may be given and must then equal the body's batchId.",
             "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"},
         }],
         "requestBody": {"required": True, "content": {
@@ -63,10 +63,18 @@ ROUTES: tuple[Route, ...] = (
             },
             "400": _problem_response("The body is not valid JSON (request.bad_json)."),
             **_auth_errors(),
-            "409": _problem_response("The batchId is already bound to other content or another producer (batch.conflict)."),
+            "409": _problem_response(
+                "The batchId is already bound to other content or another producer (batch.conflict). "
+                "The answer is the same in both cases and reveals nothing about the other shipment."
+            ),
             "413": _problem_response("The upload is larger than the limit (request.too_large)."),
             "415": _problem_response("Content type not supported (request.unsupported_media_type)."),
             "422": _problem_response("A field is not valid (request.invalid)."),
+            "429": {
+                "description": "Too many POSTs from this producer (request.rate_limited).",
+                "headers": {"Retry-After": {"description": "Seconds to wait.", "schema": {"type": "integer"}}},
+                "content": {"application/problem+json": {"schema": "Problem"}},
+            },
             "503": _problem_response("The store is unreachable (service.unavailable)."),
         },
     }),
@@ -109,11 +117,21 @@ ROUTES: tuple[Route, ...] = (
             "503": {"description": "Closing or Redis unreachable.", "content": {"application/json": {"schema": "Health"}}},
         },
     }, authenticated=False),
+    Route("GET", "/metrics", h.metrics, {
+        "operationId": "metrics",
+        "summary": "Prometheus metrics (queue-wide numbers and this process's Redis errors)",
+        "description": "Needs the token set in IMPORTER_METRICS_TOKEN as a bearer token; with none set, nobody can read it.",
+        "security": [{"metricsToken": []}],
+        "responses": {
+            "200": {"description": "Prometheus text format.", "content": {"text/plain": {"schema": {"type": "string"}}}},
+            "401": _problem_response("Missing or wrong metrics token, or none configured (auth.required)."),
+        },
+    }, authenticated=False),
     Route("GET", "/openapi.yaml", h.openapi_document, {
         "operationId": "openapi",
         "summary": "This API's OpenAPI document",
         "security": [],
-        "responses": {"200": {"description": "The document.", "content": {"application/yaml": {"schema": {"type": "string"}}}}},
+        "responses": {"200": {"description": "The document.", "content": {"application/yaml": {"schema": {"type": "object"}}}}},
     }, authenticated=False),
 )
 
@@ -138,6 +156,7 @@ def dispatch(api: h.Api, keys: KeyRing, req: Request) -> Response:
         try:
             return route.handler(api, req)
         except api.unavailable_errors:
+            api.on_store_error()
             log.warning("store unavailable", extra={"event": "http.store_unavailable", "path": route.template})
             return problem(503, "service.unavailable", headers=(("Retry-After", "5"),))
         except Exception:

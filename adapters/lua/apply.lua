@@ -28,7 +28,7 @@ local now, attempt, max_stock, maxlen, prefix = tonumber(ARGV[5]), ARGV[6], tonu
 local first_pair = 16
 local rows = (#ARGV - first_pair + 1) / 2
 
-local state = redis.call('HGET', job_key, 'state')
+local state, attempt_started = unpack(redis.call('HMGET', job_key, 'state', 'attemptStartedAt'))
 if not state then return {'missing'} end
 if is_finished(state) then return {'finished', state} end
 
@@ -39,6 +39,7 @@ local function fail(error_json, diagnostic)
   redis.call('ZADD', KEYS[9], now, job_id)
   emit(KEYS[6], maxlen, 'failed', job_id, batch_id, attempt, error_json)
   retain(KEYS[9], prefix, now, tonumber(ARGV[12]), tonumber(ARGV[13]))
+  count_failed(prefix, error_json)
 end
 
 local function complete(result_json)
@@ -51,6 +52,8 @@ local function complete(result_json)
   emit(KEYS[6], maxlen, 'progress', job_id, batch_id, attempt, progress)
   emit(KEYS[6], maxlen, 'completed', job_id, batch_id, attempt, result_json)
   retain(KEYS[8], prefix, now, tonumber(ARGV[10]), tonumber(ARGV[11]))
+  count(prefix, 'completed')
+  if attempt_started then observe_duration(prefix, now - tonumber(attempt_started)) end
 end
 
 local done = redis.call('HMGET', KEYS[3], 'contentSha256', 'result')
@@ -63,6 +66,7 @@ if done[1] then
   result['replay'] = true
   local result_json = cjson.encode(result)
   complete(result_json)
+  count(prefix, 'replays')
   return {'replayed', result_json}
 end
 
@@ -85,4 +89,5 @@ redis.call('HSET', KEYS[3], 'batchId', batch_id, 'contentSha256', sha, 'result',
 redis.call('XADD', KEYS[4], '*', 'batchId', batch_id, 'jobId', job_id, 'owner', owner,
   'contentSha256', sha, 'appliedAt', now, 'result', result_json)
 complete(result_json)
+count(prefix, 'rows_applied', rows)
 return {'applied', result_json}

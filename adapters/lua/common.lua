@@ -14,6 +14,9 @@
 --   P:jobs:completed        zset    jobId -> finishedAt (retention index)
 --   P:jobs:failed           zset    jobId -> finishedAt (retention index)
 --   P:events                stream  every job change (approximate MAXLEN)
+--   P:stats                 hash    queue-wide counters for /metrics (completed, failed:<code>,
+--                                   retries, rows_applied, replays, duration buckets)
+--   P:rate:<owner>:<window> string  POSTs of one owner in one rate-limit window (expires)
 --
 -- Retention deletes job and upload keys it finds in the retention indexes.
 -- Those keys are built from P inside the script rather than passed in KEYS:
@@ -48,4 +51,30 @@ end
 
 local function is_finished(state)
   return state == 'completed' or state == 'failed'
+end
+
+-- Queue-wide counters, read by GET /metrics. The stats key is derived from
+-- the prefix like the retention keys above (same hash tag, same slot).
+local DURATION_BUCKETS_MS = {5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000}
+
+local function count(prefix, field, by)
+  redis.call('HINCRBY', prefix .. 'stats', field, by or 1)
+end
+
+local function count_failed(prefix, error_json)
+  local ok, decoded = pcall(cjson.decode, error_json)
+  local code = (ok and type(decoded) == 'table' and decoded['code']) or 'unknown'
+  count(prefix, 'failed:' .. code)
+end
+
+-- One observation of an attempt's duration (active -> finished), as a
+-- Prometheus histogram: the smallest bucket it fits, made cumulative at scrape.
+local function observe_duration(prefix, ms)
+  local bucket = '+Inf'
+  for _, le in ipairs(DURATION_BUCKETS_MS) do
+    if ms <= le then bucket = tostring(le) break end
+  end
+  local key = prefix .. 'stats'
+  redis.call('HINCRBY', key, 'duration_le:' .. bucket, 1)
+  redis.call('HINCRBY', key, 'duration_sum_ms', ms)
 end

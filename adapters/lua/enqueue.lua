@@ -2,10 +2,13 @@
 --
 -- KEYS[1] P:job:<jobId>       KEYS[2] P:upload:<uploadId>   KEYS[3] P:done:<batchId>
 -- KEYS[4] P:jobs:unsent       KEYS[5] P:jobs:waiting        KEYS[6] P:events
+-- KEYS[7] P:rate:<owner>:<window index>
 -- ARGV[1] jobId  ARGV[2] batchId  ARGV[3] owner  ARGV[4] contentSha256
 -- ARGV[5] uploadId  ARGV[6] nowMs  ARGV[7] csv bytes  ARGV[8] events maxlen
+-- ARGV[9] rate limit (POSTs per window, 0 = off)  ARGV[10] window length ms
 --
 -- Returns {'created'} | {'exists', state} | {'conflict', reason}
+--       | {'rate_limited', ms until the window ends}
 --   'exists': the job record is still there with the same owner and content
 --   (like BullMQ's jobId: enqueueing again is a no-op).
 --   'conflict': the batchId is bound to another owner or other content, in
@@ -13,6 +16,17 @@
 
 local job_key, upload_key, done_key = KEYS[1], KEYS[2], KEYS[3]
 local job_id, batch_id, owner, sha = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+
+-- Fixed-window rate limit per owner, before anything is stored. Kept in
+-- Redis so that it holds across every HTTP process.
+local limit, window = tonumber(ARGV[9]), tonumber(ARGV[10])
+if limit > 0 then
+  local used = redis.call('INCR', KEYS[7])
+  if used == 1 then redis.call('PEXPIRE', KEYS[7], window * 2) end
+  if used > limit then
+    return {'rate_limited', window - (tonumber(ARGV[6]) % window)}
+  end
+end
 
 local existing = redis.call('HMGET', job_key, 'state', 'owner', 'contentSha256')
 if existing[1] then

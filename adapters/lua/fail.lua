@@ -25,9 +25,13 @@ if ARGV[4] == '1' then
   redis.call('ZADD', KEYS[4], now, job_id)
   emit(KEYS[2], ARGV[8], 'failed', job_id, rec[2], attempt, ARGV[5])
   retain(KEYS[4], ARGV[9], now, tonumber(ARGV[10]), tonumber(ARGV[11]))
+  count_failed(ARGV[9], ARGV[5])
+  local started = redis.call('HGET', job_key, 'attemptStartedAt')
+  if started then observe_duration(ARGV[9], now - tonumber(started)) end
   return {'failed'}
 end
 redis.call('HSET', job_key, 'state', 'retrying', 'error', ARGV[5], 'diagnostic', ARGV[6],
   'nextAttemptAt', ARGV[7], 'updatedAt', now)
 emit(KEYS[2], ARGV[8], 'retrying', job_id, rec[2], attempt, ARGV[5])
+count(ARGV[9], 'retries')
 return {'retrying'}

@@ -33,6 +33,7 @@ local function fail_now(code_json, diagnostic)
   redis.call('ZADD', KEYS[6], now, job_id)
   emit(KEYS[7], ARGV[5], 'failed', job_id, rec[3], attempt, code_json)
   retain(KEYS[6], ARGV[6], now, tonumber(ARGV[7]), tonumber(ARGV[8]))
+  count_failed(ARGV[6], code_json)
 end
 
 if attempt > tonumber(ARGV[4]) then
@@ -45,7 +46,7 @@ if not csv then
   return {'upload_missing', attempt}
 end
 
-local fields = {'state', 'active', 'updatedAt', now, 'progress', ''}
+local fields = {'state', 'active', 'updatedAt', now, 'progress', '', 'attemptStartedAt', now}
 if redis.call('HEXISTS', job_key, 'startedAt') == 0 then
   fields[#fields + 1] = 'startedAt'
   fields[#fields + 1] = now

@@ -84,6 +84,7 @@ class System:
     env_overrides: dict[str, str] = field(default_factory=dict)
     prefix: str = field(default_factory=lambda: "{t" + uuid.uuid4().hex[:12] + "}:")
     api_key: str = field(default_factory=new_key)
+    other_key: str = field(default_factory=new_key)  # owner-b
     procs: list[Proc] = field(default_factory=list)
     base_url: str = ""
 
@@ -93,7 +94,7 @@ class System:
         env.update(
             IMPORTER_REDIS_URL=self.redis_url,
             IMPORTER_KEY_PREFIX=self.prefix,
-            IMPORTER_API_KEYS=f"owner-a:{hash_key(self.api_key)}",
+            IMPORTER_API_KEYS=f"owner-a:{hash_key(self.api_key)},owner-b:{hash_key(self.other_key)}",
             IMPORTER_HEARTBEAT_TIMEOUT="3",
             IMPORTER_BROKER_MAINTENANCE_CHANCE="1000000",
             IMPORTER_SWEEP_INTERVAL="0.5",

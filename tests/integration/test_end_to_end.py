@@ -91,16 +91,14 @@ def test_the_worker_refuses_a_conflict_that_got_past_the_door(system: System) ->
     system.wait_state("shipment-conflict-2")
     store = system.store()
     store.delete_job_record("shipment-conflict-2")
-    # Record a job with other content directly, as a producer racing the
-    # first import could have before its done marker existed: the door check
-    # is bypassed by pointing it at an unrelated done marker.
+    # Leave the records a producer racing the first import could have left
+    # before the done marker existed: a waiting job with other content.
     upload_id = "0" * 32
-    created = store._scripts["enqueue"](
-        keys=[store.keys.job("shipment-conflict-2"), store.keys.upload(upload_id), store.keys.done("unrelated"),
-              store.keys.unsent, store.keys.waiting, store.keys.events],
-        args=["shipment-conflict-2", "conflict-2", "owner-a", "other-hash", upload_id, 1, b"sku,quantity\nWIDGET-RED-01,7\n", 100],
-    )
-    assert created[0] == b"created"
+    store.client.hset(store.keys.job("shipment-conflict-2"), mapping={
+        "id": "shipment-conflict-2", "batchId": "conflict-2", "owner": "owner-a", "state": "waiting",
+        "attempt": 0, "contentSha256": "other-hash", "uploadId": upload_id, "createdAt": 1, "updatedAt": 1,
+    })
+    store.client.set(store.keys.upload(upload_id), b"sku,quantity\nWIDGET-RED-01,7\n")
     system.queue().send(job_id="shipment-conflict-2", batch_id="conflict-2", upload_id=upload_id)
     record = system.wait_state("shipment-conflict-2")
     assert record["state"] == "failed"

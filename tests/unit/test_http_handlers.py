@@ -51,9 +51,10 @@ class StoreDown(Exception):
 class FakeOutcome:
     """Same shape as adapters.redis_store.EnqueueOutcome."""
 
-    kind: str  # 'created' | 'exists' | 'conflict'
+    kind: str  # 'created' | 'exists' | 'conflict' | 'rate_limited'
     state: str
     reason: str = ""
+    retry_after_ms: int = 0
 
 
 @dataclass
