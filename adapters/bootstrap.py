@@ -93,7 +93,8 @@ def build_http(settings: Settings) -> HttpSide:
         max_rows=settings.max_rows,
         openapi_yaml=spec_yaml,
         uuidgen=lambda: uuid.uuid4().hex,
-        unavailable_errors=(StoreUnavailable,),
+        # The store's Redis or the message broker unreachable: 503, retry later.
+        unavailable_errors=(StoreUnavailable, dramatiq.errors.BrokerError),
         fault=_fault_hook(settings),
         metrics=metrics.render,
         metrics_token=settings.metrics_token,

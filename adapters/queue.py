@@ -52,8 +52,14 @@ class PermanentImportFailure(Exception):
         self.code = code
 
 
-def build_broker(settings: Settings, client: Any, *, worker_middleware: list[Middleware] | None = None) -> RedisBroker:
-    """The Redis broker with its middleware declared explicitly (no global broker)."""
+def build_broker(settings: Settings, client: Any, *, worker_middleware: list[Middleware] | None = None) -> dramatiq.Broker:
+    """The broker with its middleware declared explicitly (no global broker).
+
+    The transport is configuration only (IMPORTER_BROKER_URL): Redis by
+    default (the store's own Redis), or RabbitMQ with publisher confirms, so a
+    POST answers 202 only once RabbitMQ has stored the message. Nothing else in
+    the code base depends on which one it is.
+    """
     middleware: list[Middleware] = [
         TimeLimit(time_limit=int(settings.time_limit_s * 1000), interval=100),
         ShutdownNotifications(notify_shutdown=False),
@@ -68,14 +74,27 @@ def build_broker(settings: Settings, client: Any, *, worker_middleware: list[Mid
         # before Retries increments it.
         *(worker_middleware or []),
     ]
+    url = settings.broker_url
+    if url and url.startswith(("amqp://", "amqps://")):
+        from dramatiq.brokers.rabbitmq import RabbitmqBroker
+
+        return RabbitmqBroker(url=_with_amqp_timeouts(url), confirm_delivery=True, middleware=middleware)
     return RedisBroker(
-        client=client,
+        client=client if not url else None,
+        url=url,
         namespace=f"{settings.key_prefix}dramatiq",
         middleware=middleware,
         heartbeat_timeout=int(settings.heartbeat_timeout_s * 1000),
         maintenance_chance=settings.maintenance_chance,
         dead_message_ttl=86_400_000,
     )
+
+
+def _with_amqp_timeouts(url: str) -> str:
+    """Bound every wait on RabbitMQ (a blocked or silent broker must not hang a POST)."""
+    if "?" in url:
+        return url
+    return url + "?socket_timeout=10&blocked_connection_timeout=10&connection_attempts=2&retry_delay=1"
 
 
 class ImportQueue:

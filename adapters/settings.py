@@ -70,6 +70,9 @@ _HASH_TAGGED = re.compile(r"^[^{}]*\{[^{}]+\}[^{}]*$")
 class Settings:
     #: None means: start the embedded server (``importer dev``, tests).
     redis_url: str | None = None
+    #: The message transport: None = the Redis of IMPORTER_REDIS_URL;
+    #: "redis://..." another Redis; "amqp://..." RabbitMQ (publisher confirms on).
+    broker_url: str | None = None
     #: Every key lives under this prefix. It must hold a hash tag ({...}) so
     #: that a Redis Cluster keeps all keys one Lua script touches in one slot.
     key_prefix: str = "{importer}:"
@@ -110,7 +113,7 @@ class Settings:
     rate_window_s: float = 1.0
     #: Refuse to start unless Redis has maxmemory-policy noeviction (override: loud warning).
     allow_eviction: bool = False
-    #: Bearer token that GET /metrics requires; unset = /metrics answers 404.
+    #: Bearer token that GET /metrics requires; unset = nobody can read /metrics (401).
     metrics_token: str = ""
     #: Test-only fault injection, e.g. "after_apply:5" (sleep 5 s there) or
     #: "before_send:crash" (kill the process there). Never set in production.
@@ -121,6 +124,7 @@ class Settings:
         env = os.environ if env is None else env
         settings = cls(
             redis_url=env.get("IMPORTER_REDIS_URL") or None,
+            broker_url=env.get("IMPORTER_BROKER_URL") or None,
             key_prefix=env.get("IMPORTER_KEY_PREFIX") or cls.key_prefix,
             queue_name=env.get("IMPORTER_QUEUE") or cls.queue_name,
             time_limit_s=_float(env, "IMPORTER_TIME_LIMIT", cls.time_limit_s),
@@ -159,6 +163,8 @@ class Settings:
             raise SettingsError(f"IMPORTER_ACCEPTED_VERSIONS must be a non-empty subset of {sorted(KNOWN_VERSIONS)}")
         if self.producer_version not in KNOWN_VERSIONS:
             raise SettingsError(f"IMPORTER_PRODUCER_VERSION must be one of {sorted(KNOWN_VERSIONS)}")
+        if self.broker_url and not self.broker_url.startswith(("redis://", "rediss://", "unix://", "amqp://", "amqps://")):
+            raise SettingsError("IMPORTER_BROKER_URL must be a redis://, rediss://, unix://, amqp:// or amqps:// URL")
         if self.max_attempts < 1:
             raise SettingsError("max_attempts must be >= 1")
 

@@ -140,7 +140,7 @@ def dispatch(api: h.Api, keys: KeyRing, req: Request) -> Response:
     """Route, authenticate, call the handler; map every error to a problem response."""
     allowed: list[str] = []
     for route in ROUTES:
-        match = route.pattern.match(req.path)
+        match = route.pattern.fullmatch(req.path)
         if match is None:
             continue
         if route.method != req.method:

@@ -26,6 +26,7 @@ from adapters.settings import Settings
 from handlers.auth import hash_key, new_key
 
 ROOT = Path(__file__).resolve().parents[2]
+RABBITMQ_URL = os.environ.get("IMPORTER_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 FIXTURES = ROOT / "fixtures"
 
 
@@ -87,6 +88,10 @@ class System:
     other_key: str = field(default_factory=new_key)  # owner-b
     procs: list[Proc] = field(default_factory=list)
     base_url: str = ""
+    #: "redis" (the store's Redis carries the messages) or "rabbitmq".
+    transport: str = "redis"
+    queue_name: str = field(default_factory=lambda: "imports-" + uuid.uuid4().hex[:10])
+    brokers: list[Any] = field(default_factory=list)
 
     @property
     def env(self) -> dict[str, str]:
@@ -100,6 +105,9 @@ class System:
             IMPORTER_SWEEP_INTERVAL="0.5",
             PYTHONUNBUFFERED="1",
         )
+        env["IMPORTER_QUEUE"] = self.queue_name
+        if self.transport == "rabbitmq":
+            env["IMPORTER_BROKER_URL"] = RABBITMQ_URL
         env.update(self.env_overrides)
         return env
 
@@ -111,17 +119,19 @@ class System:
         return RedisStore(redis.Redis.from_url(self.redis_url), self.settings, clock_ms=clock_ms)
 
     def queue(self) -> ImportQueue:
+        """The product's producer, for sending messages directly (closed by stop_all)."""
         settings = self.settings
-        return ImportQueue(build_broker(settings, redis.Redis.from_url(self.redis_url)), settings)
+        queue = ImportQueue(build_broker(settings, redis.Redis.from_url(self.redis_url)), settings)
+        self.brokers.append(queue.broker)
+        return queue
 
-    def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> Proc:
+    def _spawn(self, name: str, args: list[str], env: dict[str, str], module: str = "adapters.cli") -> Proc:
         log_path = self.workdir / f"{name}-{len(self.procs)}.log"
-        handle = open(log_path, "wb")
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "adapters.cli", *args],
-            env=env, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        handle.close()
+        with open(log_path, "wb") as handle:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", module, *args],
+                env=env, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
+            )
         proc = Proc(name, popen, log_path)
         self.procs.append(proc)
         return proc
@@ -132,9 +142,16 @@ class System:
         assert proc.popen.poll() is None, proc.log()
         return proc
 
-    def start_http(self, *, workers: int = 1, **env: str) -> Proc:
+    def start_http(self, *, workers: int = 1, server: str = "gunicorn", **env: str) -> Proc:
+        """`importer serve` (gunicorn), or the same app under waitress."""
         port = free_port()
-        proc = self._spawn("http", ["serve", "--bind", f"127.0.0.1:{port}", "--workers", str(workers)], {**self.env, **env})
+        if server == "waitress":
+            proc = self._spawn(
+                "http", [f"--listen=127.0.0.1:{port}", "--call", "adapters.http_server:wsgi_app"],
+                {**self.env, **env}, module="waitress",
+            )
+        else:
+            proc = self._spawn("http", ["serve", "--bind", f"127.0.0.1:{port}", "--workers", str(workers)], {**self.env, **env})
         self.base_url = f"http://127.0.0.1:{port}"
 
         def healthy() -> bool:
@@ -151,6 +168,11 @@ class System:
     def stop_all(self) -> None:
         for proc in reversed(self.procs):
             proc.stop()
+        for broker in self.brokers:
+            broker.close()
+            client = getattr(broker, "client", None)
+            if client is not None:
+                client.close()
 
     # -- HTTP -----------------------------------------------------------
 
@@ -188,13 +210,48 @@ class System:
 
 
 def queued_messages(system: System) -> int:
-    """Messages stored in the dramatiq queue, waiting or held unacked by a worker (Redis broker layout)."""
+    """Messages in the queue that no worker holds: ready to be delivered."""
+    if system.transport == "rabbitmq":
+        import pika
+
+        connection = pika.BlockingConnection(pika.URLParameters(RABBITMQ_URL))
+        try:
+            declared = connection.channel().queue_declare(system.queue_name, passive=True)
+            return int(declared.method.message_count)
+        except pika.exceptions.ChannelClosedByBroker:
+            return 0  # never declared: nothing was ever sent
+        finally:
+            if connection.is_open:
+                connection.close()
     client = redis.Redis.from_url(system.redis_url)
-    ns = f"{system.prefix}dramatiq"
-    return int(client.hlen(f"{ns}:{system.settings.queue_name}.msgs"))
+    return int(client.llen(f"{system.prefix}dramatiq:{system.queue_name}"))
 
 
-def undelivered_messages(system: System) -> int:
-    """Messages in the dramatiq queue that no worker has fetched yet."""
+def stored_messages(system: System) -> int | None:
+    """Messages stored by the broker, delivered-but-unacknowledged included (Redis broker only)."""
+    if system.transport != "redis":
+        return None
     client = redis.Redis.from_url(system.redis_url)
-    return int(client.llen(f"{system.prefix}dramatiq:{system.settings.queue_name}"))
+    return int(client.hlen(f"{system.prefix}dramatiq:{system.queue_name}.msgs"))
+
+
+def delete_rabbitmq_queues(system: System) -> None:
+    if system.transport != "rabbitmq":
+        return
+    import pika
+
+    connection = pika.BlockingConnection(pika.URLParameters(RABBITMQ_URL))
+    try:
+        channel = connection.channel()
+        for suffix in ("", ".DQ", ".XQ"):
+            channel.queue_delete(system.queue_name + suffix)
+    finally:
+        connection.close()
+
+
+def rabbitmq_available() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 5672), timeout=2):
+            return True
+    except OSError:
+        return False

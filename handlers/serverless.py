@@ -1,0 +1,238 @@
+"""The serverless transport: AWS Lambda behind an HTTP API (API Gateway v2,
+payload format 2.0) or a Lambda Function URL (same event shape).
+
+Like the WSGI transport (handlers/wsgi.py) it only turns its own request shape
+into the plain :class:`handlers.http.Request`, calls
+:func:`handlers.routes.dispatch` and turns the :class:`handlers.http.Response`
+back into the event response shape. Same routes, same authentication, same
+problem documents, same body limit. No AWS SDK is needed or imported.
+
+Deployment entry point: ``handlers.serverless.handler`` (see its docstring).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, unquote
+
+from handlers.api import Api
+from handlers.auth import KeyRing
+from handlers.http import Request, Response, problem
+from handlers.routes import dispatch
+from handlers.wsgi import body_limit
+
+Event = dict[str, Any]
+EventResponse = dict[str, Any]
+LambdaHandler = Callable[[Event, object], EventResponse]
+
+#: Response media types sent as text; every other body is sent base64-encoded.
+_TEXT_TYPES = frozenset({
+    "application/json",
+    "application/problem+json",
+    "application/yaml",
+    "application/x-yaml",
+    "text/yaml",
+})
+
+
+class UnsupportedEvent(ValueError):
+    """The event is not an HTTP API payload format 2.0 / Function URL event.
+
+    A deployment error (e.g. an HTTP API integration left on payload format
+    1.0, or a REST API), not a client error: raised, so Lambda reports it.
+    """
+
+
+def _header_items(raw: Mapping[str, Any] | None) -> Iterable[tuple[str, str]]:
+    for name, value in (raw or {}).items():
+        if value is None:
+            continue
+        if isinstance(value, (list, tuple)):
+            value = ",".join(str(v) for v in value)
+        yield str(name).lower(), str(value)
+
+
+def _headers(raw: Mapping[str, Any] | None) -> dict[str, str]:
+    """Header names in lower case; a name given more than once has its values joined with ','."""
+    headers: dict[str, str] = {}
+    for name, value in _header_items(raw):
+        headers[name] = f"{headers[name]},{value}" if name in headers else value
+    return headers
+
+
+def _query(event: Mapping[str, Any]) -> dict[str, str]:
+    raw = event.get("rawQueryString")
+    if raw is not None:
+        # The same parsing as the WSGI transport (last value of a repeated name wins).
+        return dict(parse_qsl(str(raw), keep_blank_values=True))
+    params = event.get("queryStringParameters") or {}
+    return {str(k): "" if v is None else str(v) for k, v in params.items()}
+
+
+def _body(event: Mapping[str, Any], limit: int | None) -> bytes | None:
+    """The request body as bytes, or None when it is larger than limit."""
+    raw = event.get("body")
+    if raw is None or raw == "":
+        return b""
+    text = str(raw)
+    if event.get("isBase64Encoded"):
+        # Refuse before decoding: n base64 characters decode to at least 3n/4 - 2 bytes.
+        if limit is not None and len(text) * 3 // 4 - 2 > limit:
+            return None
+        try:
+            body = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            raise UnsupportedEvent("isBase64Encoded is true but the body is not valid base64") from None
+    else:
+        # Every character is at least one UTF-8 byte: refuse before encoding.
+        if limit is not None and len(text) > limit:
+            return None
+        # (A lone surrogate from a hand-made event becomes invalid UTF-8, which
+        # the handlers refuse like any other undecodable body.)
+        body = text.encode("utf-8", "surrogatepass")
+    if limit is not None and len(body) > limit:
+        return None
+    return body
+
+
+def to_request(event: Event, *, limit: int | None = None) -> Request | Response:
+    """The plain Request of a payload format 2.0 event, or the 413 problem response.
+
+    ``limit`` is the body limit in bytes; :func:`make_handler` passes
+    ``handlers.wsgi.body_limit(api)``, the WSGI transport's limit, so a larger
+    body gets the same ``413 request.too_large`` as there. ``None``: no limit
+    (only for callers that enforce one themselves).
+
+    The path is ``rawPath`` percent-decoded, as a WSGI server decodes PATH_INFO
+    (Function URLs deliver it encoded, HTTP APIs already decoded; the routes
+    only use unreserved characters, so both give the same route).
+    """
+    try:
+        method = str(event["requestContext"]["http"]["method"]).upper()
+    except (KeyError, TypeError):
+        raise UnsupportedEvent(
+            "not an HTTP API payload format 2.0 / Function URL event (no requestContext.http.method); "
+            "set the integration's payload format version to 2.0"
+        ) from None
+    body = _body(event, limit)
+    if body is None:
+        return problem(413, "request.too_large")
+    return Request(
+        method=method,
+        path=unquote(str(event.get("rawPath") or "/")) or "/",
+        headers=_headers(event.get("headers")),
+        query=_query(event),
+        body=body,
+    )
+
+
+def _is_text(content_type: str) -> bool:
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    return media_type in _TEXT_TYPES or media_type.startswith("text/") or media_type.endswith("+json")
+
+
+def to_event_response(response: Response) -> EventResponse:
+    """The payload format 2.0 response of a Response.
+
+    Header names that repeat (case-insensitively) have their values joined
+    with ','. The body is text for JSON, problem+json, YAML and text/* content
+    (when it is valid UTF-8), else base64 with ``isBase64Encoded`` true.
+    API Gateway / the Function URL adds Content-Length itself.
+    """
+    headers: dict[str, str] = {}
+    spelling: dict[str, str] = {}
+    for name, value in response.headers:
+        key = spelling.setdefault(name.lower(), name)
+        headers[key] = f"{headers[key]},{value}" if key in headers else value
+    content_type = next((v for k, v in response.headers if k.lower() == "content-type"), "")
+    if _is_text(content_type):
+        try:
+            text = response.body.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+        else:
+            return {"statusCode": response.status, "headers": headers, "body": text, "isBase64Encoded": False}
+    elif not response.body:
+        return {"statusCode": response.status, "headers": headers, "body": "", "isBase64Encoded": False}
+    return {
+        "statusCode": response.status,
+        "headers": headers,
+        "body": base64.b64encode(response.body).decode("ascii"),
+        "isBase64Encoded": True,
+    }
+
+
+def make_handler(api: Api, keys: KeyRing) -> LambdaHandler:
+    """A Lambda handler ``(event, context) -> response`` around the handlers; all dependencies injected."""
+    limit = body_limit(api)
+
+    def handle(event: Event, context: object) -> EventResponse:
+        request = to_request(event, limit=limit)
+        response = request if isinstance(request, Response) else dispatch(api, keys, request)
+        return to_event_response(response)
+
+    return handle
+
+
+# -- deployment entry point ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Deployed:
+    """What a warm Lambda execution environment keeps between invocations."""
+
+    side: Any  # adapters.bootstrap.HttpSide (holds the Redis client and broker)
+    handle: LambdaHandler
+
+
+_deployed: _Deployed | None = None
+
+
+def _deploy() -> _Deployed:
+    # Imported here, not at module level: importing this module builds and
+    # connects nothing (and needs no environment variable).
+    from adapters.bootstrap import build_http
+    from adapters.logs import configure_logging
+    from adapters.settings import Settings
+
+    settings = Settings.from_env()
+    configure_logging()
+    side = build_http(settings)
+    keys = KeyRing.parse(settings.api_keys)
+    return _Deployed(side=side, handle=make_handler(side.api, keys))
+
+
+def handler(event: Event, context: object) -> EventResponse:
+    """AWS Lambda entry point (``handlers.serverless.handler``).
+
+    Works behind an API Gateway HTTP API (Lambda integration, payload format
+    version 2.0, ``$default`` stage or a custom domain mapping, so that
+    ``rawPath`` is ``/api/...``) and behind a Lambda Function URL (auth type
+    NONE: the API keys are checked here).
+
+    Needs, like ``importer serve``:
+
+    * ``IMPORTER_REDIS_URL``: the Redis the workers use (reachable from the
+      function's VPC/subnets);
+    * ``IMPORTER_API_KEYS`` or ``IMPORTER_API_KEYS_FILE`` (``owner:sha256hex``
+      entries); every other ``IMPORTER_*`` setting is read as for the server;
+    * the worker (``importer worker``) running elsewhere: the function only
+      records jobs and sends their messages, it never applies a shipment.
+
+    The first invocation of an execution environment builds the Api (Redis
+    client, broker) from the environment and keeps it for warm invocations;
+    a failed build is retried on the next invocation. Nothing is built or
+    connected at import time. If Lambda's timeout cuts an enqueue after the
+    job was recorded but before its message was sent, the job stays in the
+    *unsent* index and the sweeper in the workers sends it after
+    ``IMPORTER_UNSENT_GRACE`` seconds; a re-post of the same batch is harmless.
+    """
+    global _deployed
+    deployed = _deployed
+    if deployed is None:
+        deployed = _deployed = _deploy()
+    return deployed.handle(event, context)
