@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -166,6 +167,109 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     out = dict(vars(record))
     out["diagnostic"] = store.get_diagnostic(args.job_id)
     print(json.dumps(out, indent=2, default=str))
+    return 0
+
+
+# -- the HTTP client for people: submit, status ----------------------------------------
+
+
+def _client_settings(args: argparse.Namespace) -> tuple[str, str]:
+    key = os.environ.get("IMPORTER_API_KEY", "")
+    if not key:
+        raise SettingsError("IMPORTER_API_KEY is not set (the producer's API key; see `importer keys create`)")
+    return args.url.rstrip("/"), key
+
+
+def _describe_problem(status: int, body: Any) -> str:
+    if isinstance(body, dict) and "code" in body:
+        return f"{status} {body['code']}: {body.get('detail', '')}"
+    return f"HTTP {status}"
+
+
+def _print_issues(error: dict[str, Any]) -> None:
+    for issue in error.get("issues") or []:
+        column = f", column {issue['column']}" if issue.get("column") else ""
+        print(f"  line {issue['line']}{column}: {issue['code']}: {issue['message']}")
+    if error.get("issuesTruncated"):
+        print("  (more issues not listed)")
+
+
+def _show_final(record: dict[str, Any]) -> int:
+    if record["state"] == "completed":
+        print(f"completed {record['id']}: {json.dumps(record['result'])}")
+        return 0
+    error = record.get("error") or {}
+    print(f"failed {record['id']}: {error.get('code')}: {error.get('message')}")
+    _print_issues(error)
+    return 1
+
+
+def follow(url: str, key: str, job_id: str, *, timeout: float, interval: float = 0.2) -> int:
+    """Poll the job until it finishes; one line per change, or a live line on a TTY."""
+    live = sys.stdout.isatty()
+    started = time.monotonic()
+    last = None
+    while True:
+        status, record = _http("GET", f"{url}/api/imports/{job_id}", key)
+        if status != 200:
+            print(("\n" if live else "") + f"error: {_describe_problem(status, record)}", file=sys.stderr)
+            return 1
+        progress = record.get("progress") or {}
+        line = (
+            f"{record['state']:<9} phase={progress.get('phase', '-')} rows={progress.get('rows', '-')} "
+            f"attempt={record['attempt']}"
+        )
+        elapsed = time.monotonic() - started
+        if live:
+            print(f"\r{line} elapsed={elapsed:.1f}s", end="", flush=True)
+        elif line != last:
+            print(f"{line} elapsed={elapsed:.1f}s", flush=True)
+        last = line
+        if record["state"] in ("completed", "failed"):
+            if live:
+                print()
+            return _show_final(record)
+        if elapsed > timeout:
+            print(("\n" if live else "") + f"still {record['state']} after {timeout:g} s", file=sys.stderr)
+            return 3
+        time.sleep(interval)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    url, key = _client_settings(args)
+    try:
+        data = Path(args.file).read_bytes()
+    except OSError as err:
+        print(f"importer: cannot read {args.file}: {err.strerror}", file=sys.stderr)
+        return 2
+    query = urllib.parse.urlencode({"batchId": args.batch_id})
+    try:
+        status, body = _http("POST", f"{url}/api/imports?{query}", key, data, "text/csv")
+    except (OSError, ValueError) as err:
+        print(f"importer: cannot reach {url}: {err}", file=sys.stderr)
+        return 2
+    if status != 202:
+        print(f"refused: {_describe_problem(status, body)}", file=sys.stderr)
+        return 1
+    print(f"accepted {body['jobId']} (batch {body['batchId']}, {body['state']})", flush=True)
+    if not args.wait:
+        return 0
+    return follow(url, key, body["jobId"], timeout=args.timeout)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    url, key = _client_settings(args)
+    status, record = _http("GET", f"{url}/api/imports/{urllib.parse.quote(args.job_id)}", key)
+    if status != 200:
+        print(f"error: {_describe_problem(status, record)}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(record, indent=2))
+        return 0
+    progress = record.get("progress") or {}
+    print(f"{record['id']}: {record['state']} (attempt {record['attempt']}, phase {progress.get('phase', '-')}, rows {progress.get('rows', '-')})")
+    if record["state"] in ("completed", "failed"):
+        _show_final(record)
     return 0
 
 
@@ -341,6 +445,21 @@ def build_parser() -> argparse.ArgumentParser:
     k = keys.add_parser("create", help="make a new key for OWNER")
     k.add_argument("owner")
     k.set_defaults(func=cmd_keys_create)
+
+    default_url = os.environ.get("IMPORTER_URL", "http://127.0.0.1:8080")
+    p = sub.add_parser("submit", help="send a CSV file over the HTTP API (key from IMPORTER_API_KEY)")
+    p.add_argument("file")
+    p.add_argument("--batch-id", required=True)
+    p.add_argument("--url", default=default_url, help="the API's base URL (IMPORTER_URL)")
+    p.add_argument("--wait", action="store_true", help="follow the import until it completes or fails")
+    p.add_argument("--timeout", type=float, default=600, help="seconds --wait waits at most")
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("status", help="show one import's status over the HTTP API")
+    p.add_argument("job_id")
+    p.add_argument("--url", default=default_url)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("doctor", help="check Redis settings and the queue, as a readable checklist")
     p.set_defaults(func=cmd_doctor)

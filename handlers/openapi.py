@@ -38,7 +38,9 @@ def build_spec() -> APISpec:
     spec = APISpec(
         title="Importer",
         version="1.0.0",
-        openapi_version="3.0.3",
+        # 3.1: nullable fields are exact ("type": [..., "null"], anyOf with
+        # {"type": "null"}), where 3.0's nullable+$ref idioms admit any object.
+        openapi_version="3.1.0",
         plugins=[MarshmallowPlugin(schema_name_resolver=_schema_name_resolver)],
         info={
             "description": (
