@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import dramatiq
 import redis
 
+from adapters.faults import inject
 from adapters.logs import log_event
 from adapters.metrics import HttpMetrics
 from adapters.queue import (
@@ -68,19 +69,6 @@ class HttpSide:
         self.client.close()
 
 
-def _fault_hook(settings: Settings):  # type: ignore[no-untyped-def]
-    def fault(point: str) -> None:
-        action = settings.fault_at(point)
-        if action is None:
-            return
-        log_event(log, "fault.injected", logging.WARNING, point=point, action=action)
-        if action == "crash":
-            os._exit(137)
-        time.sleep(float(action))
-
-    return fault
-
-
 def build_http(settings: Settings) -> HttpSide:
     client = redis_client(settings)
     store = RedisStore(client, settings, clock_ms=clock_ms)
@@ -95,7 +83,7 @@ def build_http(settings: Settings) -> HttpSide:
         uuidgen=lambda: uuid.uuid4().hex,
         # The store's Redis or the message broker unreachable: 503, retry later.
         unavailable_errors=(StoreUnavailable, dramatiq.errors.BrokerError),
-        fault=_fault_hook(settings),
+        fault=lambda point: inject(settings, point),
         metrics=metrics.render,
         metrics_token=settings.metrics_token,
         on_store_error=metrics.redis_errors.inc,

@@ -33,6 +33,7 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import CurrentMessage, Middleware, Retries, ShutdownNotifications, TimeLimit
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
+from adapters.faults import inject
 from adapters.logs import log_event
 from adapters.redis_store import RedisStore, StoreUnavailable
 from adapters.settings import Settings
@@ -134,13 +135,7 @@ class ImportRunner:
         self._attempts: dict[str, tuple[str, int]] = {}  # dramatiq message id -> (jobId, attempt)
 
     def _fault(self, point: str) -> None:
-        action = self.settings.fault_at(point)
-        if action is None:
-            return
-        log_event(log, "fault.injected", logging.WARNING, point=point, action=action)
-        if action == "crash":
-            os._exit(137)
-        self.sleep(float(action))
+        inject(self.settings, point, sleep=self.sleep)
 
     def attempt_of(self, message_id: str) -> tuple[str, int] | None:
         return self._attempts.get(message_id)
