@@ -142,6 +142,37 @@ class RedisStore:
         self._now = clock_ms
         self._scripts = {name: client.register_script(lua_source(name)) for name in SCRIPT_NAMES}
 
+    def _pipelined(self, calls: list[tuple[str, list[Any], list[Any]]]) -> list[Any]:
+        """Run several scripts in one round trip, by EVALSHA.
+
+        redis-py's Script objects in a pipeline first ask SCRIPT EXISTS, which
+        costs a round trip per pipeline. Here a script the server has
+        forgotten (restart, SCRIPT FLUSH) fails with NOSCRIPT and only the
+        calls that failed are loaded and run again, in order.
+        """
+        pending = list(range(len(calls)))
+        results: list[Any] = [None] * len(calls)
+        for _ in range(2):
+            pipe = self.client.pipeline(transaction=False)
+            for i in pending:
+                name, keys, args = calls[i]
+                pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+            replies = pipe.execute(raise_on_error=False)
+            missing = []
+            for i, reply in zip(pending, replies):
+                if isinstance(reply, redis.exceptions.NoScriptError):
+                    missing.append(i)
+                elif isinstance(reply, Exception):
+                    raise reply
+                else:
+                    results[i] = reply
+            if not missing:
+                return results
+            for i in missing:
+                self.client.script_load(self._scripts[calls[i][0]].script)
+            pending = missing
+        raise redis.exceptions.NoScriptError("scripts could not be loaded")
+
     # -- producer side -------------------------------------------------
 
     def enqueue(
@@ -231,17 +262,13 @@ class RedisStore:
             args.append(row.sku)
             args.append(row.quantity)
         with _translate():
-            pipe = self.client.pipeline(transaction=False)
-            self._scripts["progress"](keys=[k.job(job_id), k.events], args=[job_id, now, progress, attempt, s.events_maxlen], client=pipe)
-            self._scripts["apply"](
-                keys=[
+            _, reply = self._pipelined([
+                ("progress", [k.job(job_id), k.events], [job_id, now, progress, attempt, s.events_maxlen]),
+                ("apply", [
                     k.stock, k.generation, k.done(batch_id), k.journal, k.job(job_id), k.events,
                     k.active, k.completed, k.failed, k.upload(upload_id),
-                ],
-                args=args,
-                client=pipe,
-            )
-            _, reply = pipe.execute()
+                ], args),
+            ])
         kind = _s(reply[0])
         if kind in ("applied", "replayed"):
             return ApplyResult(kind, json.loads(reply[1]))
