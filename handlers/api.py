@@ -26,6 +26,14 @@ from handlers.http import Request, Response, json_response, problem
 from handlers.schemas import EnqueueRequestSchema, JobAcceptedSchema, JobStatusSchema, ShipmentSchema
 
 
+# Schemas are stateless once built; building one per request costs more than
+# the rest of the handler.
+_ENQUEUE_REQUEST = EnqueueRequestSchema()
+_JOB_ACCEPTED = JobAcceptedSchema()
+_JOB_STATUS = JobStatusSchema()
+_SHIPMENT = ShipmentSchema()
+
+
 class EnqueueOutcomeLike(Protocol):
     kind: str
     state: str
@@ -103,7 +111,7 @@ def job_status(record: JobRecord) -> dict[str, Any]:
         "finishedAt": _time(record.finished_at_ms),
         "nextAttemptAt": _time(record.next_attempt_at_ms),
     }
-    return JobStatusSchema().dump(payload)
+    return _JOB_STATUS.dump(payload)
 
 
 def _read_enqueue_body(req: Request) -> tuple[str, bytes] | Response:
@@ -114,7 +122,7 @@ def _read_enqueue_body(req: Request) -> tuple[str, bytes] | Response:
         except (ValueError, UnicodeDecodeError):
             return problem(400, "request.bad_json", instance=req.path)
         try:
-            loaded = EnqueueRequestSchema().load(data if isinstance(data, dict) else {"_": data})
+            loaded = _ENQUEUE_REQUEST.load(data if isinstance(data, dict) else {"_": data})
         except ValidationError as err:
             return problem(422, "request.invalid", instance=req.path, fields=_field_errors(err))
         if "batchId" in req.query and req.query["batchId"] != loaded["batchId"]:
@@ -177,7 +185,7 @@ def enqueue(api: Api, req: Request) -> Response:
         api.fault("before_send")
         api.sender.send(job_id=job_id, batch_id=batch_id, upload_id=upload_id)
         api.store.mark_sent(job_id)
-    accepted = JobAcceptedSchema().dump({"jobId": job_id, "batchId": batch_id, "state": outcome.state})
+    accepted = _JOB_ACCEPTED.dump({"jobId": job_id, "batchId": batch_id, "state": outcome.state})
     return json_response(202, accepted, (("Location", f"/api/imports/{job_id}"),))
 
 
@@ -201,7 +209,7 @@ def get_shipment(api: Api, req: Request) -> Response:
         "result": record.result,
         "contentSha256": record.content_sha256,
     }
-    return json_response(200, ShipmentSchema().dump(payload))
+    return json_response(200, _SHIPMENT.dump(payload))
 
 
 def not_found_job(req: Request) -> Response:
