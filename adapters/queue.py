@@ -172,7 +172,7 @@ class ImportRunner:
         started = outcome.started
         ctx.update(owner=started.owner, attempt=started.attempt)
         self._attempts[message_id] = (msg.job_id, started.attempt)
-        log_event(log, "import.started", **ctx)
+        log_event(log, "import.started", logging.DEBUG, **ctx)
 
         parsed = parse_shipment(started.csv, max_rows=self.settings.max_rows)
         if isinstance(parsed, CsvInvalid):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from functools import cache
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -128,6 +129,7 @@ def _json_or_none(value: bytes | None) -> Any:
     return json.loads(value) if value not in (None, b"") else None
 
 
+@cache
 def _error_json(code: str) -> str:
     return json.dumps(PublicError.from_code(code).to_dict(), separators=(",", ":"))
 

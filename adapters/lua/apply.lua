@@ -6,7 +6,7 @@
 -- KEYS[7] P:jobs:active      KEYS[8] P:jobs:completed  KEYS[9] P:jobs:failed
 -- KEYS[10] P:upload:<uploadId>
 -- ARGV[1] jobId  ARGV[2] batchId  ARGV[3] contentSha256  ARGV[4] owner
--- ARGV[5] nowMs  ARGV[6] attempt  ARGV[7] maxStock  ARGV[8] events maxlen
+-- ARGV[5] nowMs (unused: timestamps come from the server's TIME)  ARGV[6] attempt  ARGV[7] maxStock  ARGV[8] events maxlen
 -- ARGV[9] prefix  ARGV[10] keepCompletedAgeMs  ARGV[11] keepCompletedCount
 -- ARGV[12] keepFailedAgeMs  ARGV[13] keepFailedCount
 -- ARGV[14] public error JSON for a conflict  ARGV[15] ... for an overflow
@@ -25,6 +25,9 @@
 local job_key = KEYS[5]
 local job_id, batch_id, sha, owner = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local now, attempt, max_stock, maxlen, prefix = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7]), ARGV[8], ARGV[9]
+-- The server's clock, not the caller's: finishedAt and the attempt's
+-- duration then include the time this script took (large batches).
+now = server_ms()
 local first_pair = 16
 local rows = (#ARGV - first_pair + 1) / 2
 
@@ -70,12 +73,20 @@ if done[1] then
   return {'replayed', result_json}
 end
 
--- Check every row before changing anything.
-for i = first_pair, #ARGV, 2 do
-  local current = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0')
-  if current + tonumber(ARGV[i + 1]) > max_stock then
-    fail(ARGV[15], 'sku ' .. ARGV[i] .. ' would exceed ' .. ARGV[7])
-    return {'overflow', ARGV[i]}
+-- Check every row before changing anything (HMGET in chunks: unpack()
+-- has a stack limit of a few thousand values).
+local CHUNK = 4000
+for start = first_pair, #ARGV, 2 * CHUNK do
+  local skus = {}
+  local last = math.min(start + 2 * CHUNK - 1, #ARGV)
+  for i = start, last, 2 do skus[#skus + 1] = ARGV[i] end
+  local current = redis.call('HMGET', KEYS[1], unpack(skus))
+  for j, sku in ipairs(skus) do
+    local i = start + 2 * (j - 1)
+    if tonumber(current[j] or '0') + tonumber(ARGV[i + 1]) > max_stock then
+      fail(ARGV[15], 'sku ' .. sku .. ' would exceed ' .. ARGV[7])
+      return {'overflow', sku}
+    end
   end
 end
 

@@ -18,6 +18,10 @@
 --                                   retries, rows_applied, replays, duration buckets)
 --   P:rate:<owner>:<window> string  POSTs of one owner in one rate-limit window (expires)
 --
+-- Time: enqueue.lua uses the caller's clock (createdAt, rate-limit window);
+-- start, apply and fail use the server's (server_ms), so that an attempt's
+-- timestamps and duration are measured by one clock.
+--
 -- Retention deletes job and upload keys it finds in the retention indexes.
 -- Those keys are built from P inside the script rather than passed in KEYS:
 -- their names are only known once the index is read. They share P's hash
@@ -77,4 +81,11 @@ local function observe_duration(prefix, ms)
   local key = prefix .. 'stats'
   redis.call('HINCRBY', key, 'duration_le:' .. bucket, 1)
   redis.call('HINCRBY', key, 'duration_sum_ms', ms)
+end
+
+-- Milliseconds from the server's clock (TIME is allowed in scripts since
+-- Redis 5, which replicates effects rather than scripts).
+local function server_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end

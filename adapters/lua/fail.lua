@@ -11,7 +11,8 @@
 -- A finished job is never changed (returns {'finished', state}).
 
 local job_key = KEYS[1]
-local job_id, now = ARGV[1], tonumber(ARGV[2])
+local job_id = ARGV[1]
+local now = server_ms()  -- the server's clock, as in start.lua and apply.lua (ARGV[2] unused)
 local rec = redis.call('HMGET', job_key, 'state', 'batchId')
 if not rec[1] then return {'missing'} end
 if is_finished(rec[1]) then return {'finished', rec[1]} end

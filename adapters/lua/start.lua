@@ -15,7 +15,8 @@
 --       | {'upload_missing', attempt}
 
 local job_key = KEYS[1]
-local job_id, now = ARGV[1], tonumber(ARGV[3])
+local job_id = ARGV[1]
+local now = server_ms()  -- attempt timestamps on the server's clock (ARGV[3] unused)
 local rec = redis.call('HMGET', job_key, 'state', 'uploadId', 'batchId', 'owner', 'contentSha256')
 local state = rec[1]
 if not state then return {'missing'} end
