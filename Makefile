@@ -32,5 +32,8 @@ integration: $(STAMP)
 openapi: $(STAMP)
 	$(BIN)/importer openapi --write
 
+bench: $(STAMP)
+	$(BIN)/python bench/run.py
+
 clean:
 	rm -rf $(VENV) .importer-data .pytest_cache .hypothesis

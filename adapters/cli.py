@@ -405,17 +405,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="run the HTTP API under gunicorn")
     p.add_argument("--bind", default=os.environ.get("IMPORTER_HTTP_BIND", "127.0.0.1:8080"))
+    # Measured with bench/ (README, Performance): gthread 2 x 4. Sync workers
+    # were within noise of it on 2 cores, but keep no connection alive and
+    # notice a shutdown only every timeout/2 seconds.
     p.add_argument("--workers", type=int, default=2, help="gunicorn worker processes")
-    p.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker (gthread)")
+    p.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker (>1: gthread worker class)")
     p.add_argument("--timeout", type=int, default=30, help="seconds before a stuck request's worker is restarted")
     p.add_argument("--graceful-timeout", type=int, default=30, help="seconds in-flight requests get on SIGTERM")
     p.add_argument("--allow-eviction", action="store_true", help="start even if Redis may evict keys (dangerous)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("worker", help="run dramatiq worker processes")
-    p.add_argument("--processes", type=int, default=1)
+    # Defaults measured with bench/: one process per core, 8 threads, and a
+    # prefetch of 64 (dramatiq's 2 x threads starves the threads between fetches).
+    p.add_argument("--processes", type=int, default=os.cpu_count() or 1)
     p.add_argument("--threads", type=int, default=8)
-    p.add_argument("--prefetch", type=int, default=0, help="messages prefetched per process (0: dramatiq's 2 x threads)")
+    p.add_argument("--prefetch", type=int, default=64, help="messages prefetched per process (0: dramatiq's 2 x threads)")
     p.add_argument("--allow-eviction", action="store_true", help="start even if Redis may evict keys (dangerous)")
     p.add_argument(
         "--metrics-port", type=int, default=int(os.environ.get("IMPORTER_WORKER_METRICS_PORT") or 0),

@@ -136,8 +136,11 @@ class System:
         self.procs.append(proc)
         return proc
 
-    def start_worker(self, *, threads: int = 4, **env: str) -> Proc:
-        proc = self._spawn("worker", ["worker", "--processes", "1", "--threads", str(threads)], {**self.env, **env})
+    def start_worker(self, *, threads: int = 4, prefetch: int = 0, **env: str) -> Proc:
+        """One worker process; prefetch 0 = dramatiq's 2 x threads (small, so that
+        tests with two workers see both of them take messages)."""
+        args = ["worker", "--processes", "1", "--threads", str(threads), "--prefetch", str(prefetch)]
+        proc = self._spawn("worker", args, {**self.env, **env})
         wait_for(lambda: "ready for action" in proc.log() or proc.popen.poll() is not None, 30, message="worker boot")
         assert proc.popen.poll() is None, proc.log()
         return proc
