@@ -7,7 +7,6 @@ once per process (each gunicorn worker, each dramatiq worker process).
 from __future__ import annotations
 
 import logging
-import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -99,17 +98,11 @@ def build_worker(settings: Settings) -> dramatiq.Broker:
     client = redis_client(settings)
     store = RedisStore(client, settings, clock_ms=clock_ms)
     runner = ImportRunner(store, settings)
-    holder: list[ImportQueue] = []
-    middleware = [
-        AttemptRecorder(runner, settings),
-        UnsentSweeper(store, lambda: holder[0], settings),
-        CloseConnections(client),
-    ]
-    if os.environ.get("IMPORTER_WORKER_METRICS_PORT"):
+    middleware = [AttemptRecorder(runner, settings), UnsentSweeper(store, settings), CloseConnections(client)]
+    if settings.worker_metrics_port:
         from dramatiq.middleware.prometheus import Prometheus
 
         middleware.append(Prometheus())
     broker = build_broker(settings, client, worker_middleware=middleware)
-    holder.append(ImportQueue(broker, settings))
     declare_import_actor(broker, runner, settings)
     return broker

@@ -253,14 +253,15 @@ class UnsentSweeper(Middleware):
     finished jobs and the done marker stops a second addition.
     """
 
-    def __init__(self, store: RedisStore, queue: Callable[[], ImportQueue], settings: Settings) -> None:
+    def __init__(self, store: RedisStore, settings: Settings) -> None:
         self.store = store
-        self.queue = queue
         self.settings = settings
+        self.queue: ImportQueue | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def after_worker_boot(self, broker: Any, worker: Any) -> None:
+        self.queue = ImportQueue(broker, self.settings)
         self._thread = threading.Thread(target=self._loop, name="importer-sweeper", daemon=True)
         self._thread.start()
 
@@ -285,7 +286,8 @@ class UnsentSweeper(Middleware):
         cutoff = int(time.time() * 1000) - int(self.settings.unsent_grace_s * 1000)
         sent = 0
         for job_id, batch_id, upload_id in self.store.unsent_before(cutoff):
-            self.queue().send(job_id=job_id, batch_id=batch_id, upload_id=upload_id)
+            assert self.queue is not None  # set at worker boot, before the loop starts
+            self.queue.send(job_id=job_id, batch_id=batch_id, upload_id=upload_id)
             self.store.mark_sent(job_id)
             log_event(log, "sweeper.resent", jobId=job_id, batchId=batch_id)
             sent += 1

@@ -211,15 +211,18 @@ class RedisStore:
     def unsent_before(self, cutoff_ms: int, limit: int = 500) -> list[tuple[str, str, str]]:
         """Jobs recorded before cutoff whose message was never confirmed sent: (jobId, batchId, uploadId)."""
         with _translate():
-            ids = self.client.zrangebyscore(self.keys.unsent, "-inf", cutoff_ms, start=0, num=limit)
-            out = []
-            for raw in ids:
-                job_id = _s(raw)
-                rec = self.client.hmget(self.keys.job(job_id), "state", "batchId", "uploadId")
+            ids = [_s(raw) for raw in self.client.zrangebyscore(self.keys.unsent, "-inf", cutoff_ms, start=0, num=limit)]
+            pipe = self.client.pipeline(transaction=False)
+            for job_id in ids:
+                pipe.hmget(self.keys.job(job_id), "state", "batchId", "uploadId")
+            out, gone = [], []
+            for job_id, rec in zip(ids, pipe.execute() if ids else []):
                 if rec[0] is None:  # record gone (retention): nothing to send
-                    self.client.zrem(self.keys.unsent, job_id)
-                    continue
-                out.append((job_id, _s(rec[1]), _s(rec[2])))
+                    gone.append(job_id)
+                else:
+                    out.append((job_id, _s(rec[1]), _s(rec[2])))
+            if gone:
+                self.client.zrem(self.keys.unsent, *gone)
             return out
 
     # -- worker side ---------------------------------------------------

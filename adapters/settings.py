@@ -115,6 +115,8 @@ class Settings:
     allow_eviction: bool = False
     #: Bearer token that GET /metrics requires; unset = nobody can read /metrics (401).
     metrics_token: str = ""
+    #: Port of dramatiq's Prometheus exporter in `importer worker` (0 = off).
+    worker_metrics_port: int = 0
     #: Test-only fault injection, e.g. "after_apply:5" (sleep 5 s there) or
     #: "before_send:crash" (kill the process there). Never set in production.
     fault: str = ""
@@ -149,6 +151,7 @@ class Settings:
             rate_window_s=_float(env, "IMPORTER_RATE_WINDOW", cls.rate_window_s),
             allow_eviction=env.get("IMPORTER_ALLOW_EVICTION", "").lower() in ("1", "true", "yes"),
             metrics_token=env.get("IMPORTER_METRICS_TOKEN", ""),
+            worker_metrics_port=_int(env, "IMPORTER_WORKER_METRICS_PORT", 0),
         )
         settings.check()
         return settings
