@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import dramatiq
 import redis
 
-from adapters.faults import inject
-from adapters.logs import log_event
-from adapters.metrics import HttpMetrics
-from adapters.queue import (
+from importer.adapters.faults import inject
+from importer.adapters.logs import log_event
+from importer.adapters.metrics import HttpMetrics
+from importer.adapters.queue import (
     AttemptRecorder,
     CloseConnections,
     ImportQueue,
@@ -26,12 +26,12 @@ from adapters.queue import (
     build_broker,
     declare_import_actor,
 )
-from adapters.redis_store import RedisStore, StoreUnavailable
-from adapters.settings import Settings, SettingsError
-from handlers.api import Api
-from handlers.auth import KeyRing
-from handlers.openapi import spec_yaml
-from handlers.wsgi import WsgiApp, create_app
+from importer.adapters.redis_store import RedisStore, StoreUnavailable
+from importer.adapters.settings import Settings, SettingsError
+from importer.handlers.api import Api
+from importer.handlers.auth import KeyRing
+from importer.handlers.openapi import spec_yaml
+from importer.handlers.wsgi import WsgiApp, create_app
 
 log = logging.getLogger("importer")
 

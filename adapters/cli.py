@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from adapters.settings import Settings, SettingsError
+from importer.adapters.settings import Settings, SettingsError
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_FIXTURE = ROOT / "fixtures" / "shipment-a-2026.csv"
@@ -25,9 +25,9 @@ DEMO_FIXTURE = ROOT / "fixtures" / "shipment-a-2026.csv"
 
 def _check_redis(args: argparse.Namespace, process: str) -> Settings:
     """Settings and the Redis guard, in the parent process, before anything forks."""
-    from adapters.bootstrap import redis_client
-    from adapters.logs import configure_logging
-    from adapters.redis_guard import guard
+    from importer.adapters.bootstrap import redis_client
+    from importer.adapters.logs import configure_logging
+    from importer.adapters.redis_guard import guard
 
     if getattr(args, "allow_eviction", False):
         os.environ["IMPORTER_ALLOW_EVICTION"] = "1"
@@ -42,7 +42,7 @@ def _check_redis(args: argparse.Namespace, process: str) -> Settings:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from adapters.http_server import serve
+    from importer.adapters.http_server import serve
 
     _check_redis(args, "http")
     serve(args.bind, args.workers, args.threads, args.timeout, args.graceful_timeout)
@@ -52,7 +52,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     settings = _check_redis(args, "worker")
     argv = [
-        sys.executable, "-m", "dramatiq", "adapters.worker_entry:broker",
+        sys.executable, "-m", "dramatiq", "importer.adapters.worker_entry:broker",
         "--processes", str(args.processes), "--threads", str(args.threads),
         "--worker-shutdown-timeout", str(int(settings.worker_shutdown_timeout_s * 1000)),
         "--skip-logging", "--path", str(ROOT),
@@ -74,11 +74,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_events(args: argparse.Namespace) -> int:
     """The observer: one line per job event from every worker, until SIGINT/SIGTERM."""
-    from adapters.bootstrap import redis_client
-    from adapters.logs import configure_logging
-    from adapters.observer import EventsObserver
-    from adapters.redis_store import Keys
-    from adapters.signals import StopOnce
+    from importer.adapters.bootstrap import redis_client
+    from importer.adapters.logs import configure_logging
+    from importer.adapters.observer import EventsObserver
+    from importer.adapters.redis_store import Keys
+    from importer.adapters.signals import StopOnce
 
     configure_logging()
     settings = Settings.from_env()
@@ -90,7 +90,7 @@ def cmd_events(args: argparse.Namespace) -> int:
 
 
 def cmd_openapi(args: argparse.Namespace) -> int:
-    from handlers.openapi import SPEC_PATH, spec_yaml
+    from importer.handlers.openapi import SPEC_PATH, spec_yaml
 
     text = spec_yaml()
     if args.write:
@@ -102,7 +102,7 @@ def cmd_openapi(args: argparse.Namespace) -> int:
 
 
 def cmd_keys_create(args: argparse.Namespace) -> int:
-    from handlers.auth import OWNER_PATTERN, hash_key, new_key
+    from importer.handlers.auth import OWNER_PATTERN, hash_key, new_key
 
     if not OWNER_PATTERN.match(args.owner):
         print("owner must be 1-64 characters: letters, digits, '.', '_' or '-'", file=sys.stderr)
@@ -117,9 +117,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     """A readable checklist of what this service needs from Redis and of the queue."""
     import redis as redis_lib
 
-    from adapters.bootstrap import clock_ms, redis_client
-    from adapters.redis_guard import inspect_redis
-    from adapters.redis_store import RedisStore
+    from importer.adapters.bootstrap import clock_ms, redis_client
+    from importer.adapters.redis_guard import inspect_redis
+    from importer.adapters.redis_store import RedisStore
 
     settings = Settings.from_env()
     client = redis_client(settings)
@@ -155,8 +155,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     """Operator view of a job: the whole record, with the diagnostic the API never shows."""
-    from adapters.bootstrap import clock_ms, redis_client
-    from adapters.redis_store import RedisStore
+    from importer.adapters.bootstrap import clock_ms, redis_client
+    from importer.adapters.redis_store import RedisStore
 
     settings = Settings.from_env()
     store = RedisStore(redis_client(settings), settings, clock_ms=clock_ms)
@@ -328,8 +328,8 @@ def run_demo(url: str, key: str, fixture: Path = DEMO_FIXTURE) -> int:
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
-    from adapters.embedded_redis import EmbeddedRedis
-    from handlers.auth import hash_key, new_key
+    from importer.adapters.embedded_redis import EmbeddedRedis
+    from importer.handlers.auth import hash_key, new_key
 
     env = dict(os.environ)
     embedded = None
@@ -344,7 +344,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     if not env.get("IMPORTER_METRICS_TOKEN"):
         env["IMPORTER_METRICS_TOKEN"] = secrets.token_urlsafe(16)
     url = f"http://127.0.0.1:{args.port}"
-    me = [sys.executable, "-m", "adapters.cli"]
+    me = [sys.executable, "-m", "importer.adapters.cli"]
     # Own sessions: Ctrl-C reaches only this process, which then stops each
     # child exactly once (a second signal would not start a second shutdown,
     # but one clean signal is clearer).
@@ -483,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"importer: {err}", file=sys.stderr)
         return 2
     except Exception as err:
-        from adapters.redis_guard import EvictionPolicyError
+        from importer.adapters.redis_guard import EvictionPolicyError
 
         if isinstance(err, EvictionPolicyError):
             print(f"importer: {err}", file=sys.stderr)

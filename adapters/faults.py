@@ -13,8 +13,8 @@ import os
 import time
 from collections.abc import Callable
 
-from adapters.logs import log_event
-from adapters.settings import Settings
+from importer.adapters.logs import log_event
+from importer.adapters.settings import Settings
 
 log = logging.getLogger("importer.fault")
 

@@ -4,7 +4,7 @@ gunicorn because it is the most used WSGI server for Python services on
 Unix: pre-fork workers (each builds its own Redis clients after the fork),
 graceful SIGTERM handling (stop accepting, finish in-flight requests within
 ``graceful_timeout``), request timeouts, and a threaded worker class. Any
-other WSGI server works too: ``adapters.http_server:wsgi_app`` is a factory.
+other WSGI server works too: ``importer.adapters.http_server:wsgi_app`` is a factory.
 
 Shutdown, in each gunicorn worker, on the first SIGTERM or SIGINT:
 1. the app marks itself closing: ``/health`` answers 503 ``closing``;
@@ -26,16 +26,16 @@ from typing import Any
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 
-from adapters.bootstrap import HttpSide, build_http
-from adapters.logs import configure_logging, log_event
-from adapters.settings import Settings
-from adapters.signals import StopOnce
+from importer.adapters.bootstrap import HttpSide, build_http
+from importer.adapters.logs import configure_logging, log_event
+from importer.adapters.settings import Settings
+from importer.adapters.signals import StopOnce
 
 log = logging.getLogger("importer.http")
 
 
 def wsgi_app() -> Any:
-    """Factory for other WSGI servers: ``waitress-serve --call adapters.http_server:wsgi_app``."""
+    """Factory for other WSGI servers: ``waitress-serve --call importer.adapters.http_server:wsgi_app``."""
     configure_logging()
     return build_http(Settings.from_env()).app
 

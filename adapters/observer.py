@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 import redis
 
-from adapters.logs import log_event
+from importer.adapters.logs import log_event
 
 log = logging.getLogger("importer.events")
 

@@ -33,13 +33,13 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import CurrentMessage, Middleware, Retries, ShutdownNotifications, TimeLimit
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
-from adapters.faults import inject
-from adapters.logs import log_event
-from adapters.redis_store import RedisStore, StoreUnavailable
-from adapters.settings import Settings
-from domain.contract import decode_message, encode_message, job_id_of
-from domain.errors import CsvInvalid, DomainError, PublicError, public_error_for
-from domain.shipment import parse_shipment
+from importer.adapters.faults import inject
+from importer.adapters.logs import log_event
+from importer.adapters.redis_store import RedisStore, StoreUnavailable
+from importer.adapters.settings import Settings
+from importer.domain.contract import decode_message, encode_message, job_id_of
+from importer.domain.errors import CsvInvalid, DomainError, PublicError, public_error_for
+from importer.domain.shipment import parse_shipment
 
 ACTOR_NAME = "import_shipment"
 log = logging.getLogger("importer.worker")

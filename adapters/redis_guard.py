@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import redis
 
-from adapters.logs import log_event
+from importer.adapters.logs import log_event
 
 log = logging.getLogger("importer")
 

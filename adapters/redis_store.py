@@ -17,12 +17,12 @@ from typing import Any
 
 import redis
 
-from adapters.scripts import SCRIPT_NAMES, lua_source
-from adapters.settings import Settings
-from domain.errors import PublicError
-from domain.jobs import JobRecord, ShipmentRecord
-from domain.shipment import Shipment
-from domain.stock import MAX_STOCK
+from importer.adapters.scripts import SCRIPT_NAMES, lua_source
+from importer.adapters.settings import Settings
+from importer.domain.errors import PublicError
+from importer.domain.jobs import JobRecord, ShipmentRecord
+from importer.domain.shipment import Shipment
+from importer.domain.stock import MAX_STOCK
 
 
 class StoreError(Exception):

@@ -8,7 +8,7 @@ from importlib import resources
 
 @cache
 def lua_source(name: str) -> str:
-    folder = resources.files("adapters") / "lua"
+    folder = resources.files("importer.adapters") / "lua"
     common = (folder / "common.lua").read_text(encoding="utf-8")
     body = (folder / f"{name}.lua").read_text(encoding="utf-8")
     return f"{common}\n{body}"

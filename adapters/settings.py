@@ -10,8 +10,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from domain.contract import CURRENT_VERSION, KNOWN_VERSIONS
-from domain.shipment import DEFAULT_MAX_ROWS
+from importer.domain.contract import CURRENT_VERSION, KNOWN_VERSIONS
+from importer.domain.shipment import DEFAULT_MAX_ROWS
 
 
 class SettingsError(ValueError):

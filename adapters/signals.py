@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from adapters.logs import log_event
+from importer.adapters.logs import log_event
 
 log = logging.getLogger("importer")
 

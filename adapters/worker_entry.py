@@ -6,10 +6,10 @@ composition root entry point, so building here is its purpose.
 
 import signal
 
-from adapters.bootstrap import build_worker
-from adapters.logs import configure_logging
-from adapters.settings import Settings
-from adapters.signals import StopOnce
+from importer.adapters.bootstrap import build_worker
+from importer.adapters.logs import configure_logging
+from importer.adapters.settings import Settings
+from importer.adapters.signals import StopOnce
 
 configure_logging()
 broker = build_worker(Settings.from_env())

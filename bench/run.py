@@ -2,7 +2,7 @@
 """Importer benchmark (issue 5): ``make bench`` = ``.venv/bin/python bench/run.py``.
 
 One command, from a clean clone: starts its own Redis-compatible server
-(valkey, ``adapters.embedded_redis.EmbeddedRedis``, in a temp dir, on a free
+(valkey, ``importer.adapters.embedded_redis.EmbeddedRedis``, in a temp dir, on a free
 port of 127.0.0.1; never the machine's 6379), runs each scenario several
 times, prints ONE table (median and min-max of each figure, beside a baseline
 measured in the same run, and the ratio) and writes it, with the machine's
@@ -60,15 +60,15 @@ import dramatiq.brokers.redis as dramatiq_redis  # noqa: E402
 import redis  # noqa: E402
 from dramatiq.brokers.redis import RedisBroker  # noqa: E402
 
-from adapters.bootstrap import clock_ms  # noqa: E402
-from adapters.embedded_redis import EmbeddedRedis  # noqa: E402
-from adapters.queue import ImportQueue, build_broker  # noqa: E402
-from adapters.redis_store import Keys, RedisStore  # noqa: E402
-from adapters.scripts import SCRIPT_NAMES, lua_source  # noqa: E402
-from adapters.settings import Settings  # noqa: E402
-from domain.contract import encode_message  # noqa: E402
-from domain.shipment import DEFAULT_MAX_ROWS, job_id_for, parse_shipment  # noqa: E402
-from handlers.auth import hash_key, new_key  # noqa: E402
+from importer.adapters.bootstrap import clock_ms  # noqa: E402
+from importer.adapters.embedded_redis import EmbeddedRedis  # noqa: E402
+from importer.adapters.queue import ImportQueue, build_broker  # noqa: E402
+from importer.adapters.redis_store import Keys, RedisStore  # noqa: E402
+from importer.adapters.scripts import SCRIPT_NAMES, lua_source  # noqa: E402
+from importer.adapters.settings import Settings  # noqa: E402
+from importer.domain.contract import encode_message  # noqa: E402
+from importer.domain.shipment import DEFAULT_MAX_ROWS, job_id_for, parse_shipment  # noqa: E402
+from importer.handlers.auth import hash_key, new_key  # noqa: E402
 
 BIN = Path(sys.executable).parent
 RESULTS = ROOT / "bench" / "RESULTS.md"
@@ -512,7 +512,7 @@ class Bench:
         exe = BIN / "importer"
         if exe.exists():
             return [str(exe), *args]
-        return [sys.executable, "-m", "adapters.cli", *args]
+        return [sys.executable, "-m", "importer.adapters.cli", *args]
 
     def worker_args(self) -> list[str]:
         c = self.cfg
@@ -1526,7 +1526,7 @@ def parse_wrk(text: str) -> dict[str, float]:
 
 
 METHOD = """\
-- **Server**: the bench starts its own valkey (`adapters.embedded_redis.EmbeddedRedis`, the product's
+- **Server**: the bench starts its own valkey (`importer.adapters.embedded_redis.EmbeddedRedis`, the product's
   embedded server: AOF `everysec`, `noeviction`) in a temp dir on a free port of 127.0.0.1, and
   flushes it between runs. Every process runs on this machine: server, workers, load generator.
 - **Repetitions**: each figure is the median of R runs, with min–max; Importer and baseline runs

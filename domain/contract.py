@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate
 
-from domain.errors import InvalidMessage, UnsupportedContractVersion
+from importer.domain.errors import InvalidMessage, UnsupportedContractVersion
 import re
 
-from domain.shipment import is_valid_batch_id
+from importer.domain.shipment import is_valid_batch_id
 
 _UPLOAD_ID = re.compile(r"[0-9a-f]{32}")
 

@@ -14,7 +14,7 @@ CSV format (documented in README, "CSV format"):
 * At most ``max_rows`` rows (default :data:`DEFAULT_MAX_ROWS`).
 
 The validator never raises on any input: it returns a :class:`Shipment` or
-a :class:`~domain.errors.CsvInvalid` carrying every located issue (capped at
+a :class:`~importer.domain.errors.CsvInvalid` carrying every located issue (capped at
 :data:`MAX_ISSUES`).
 """
 
@@ -24,7 +24,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from domain.errors import CsvInvalid, CsvIssue
+from importer.domain.errors import CsvInvalid, CsvIssue
 
 BATCH_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 SKU_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from domain.shipment import Shipment
+from importer.domain.shipment import Shipment
 
 #: Upper bound of units per SKU. Far below 2**53 so that Lua's double
 #: arithmetic in the Redis script stays exact.

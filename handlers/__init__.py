@@ -1,4 +1,4 @@
 """Thin, transport-free handlers: functions of a plain Request value to a plain Response value.
 
-``handlers.wsgi`` is the WSGI transport around them.
+``importer.handlers.wsgi`` is the WSGI transport around them.
 """

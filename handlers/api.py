@@ -18,12 +18,12 @@ from typing import Any, Protocol
 
 from marshmallow import ValidationError
 
-from domain.errors import CsvInvalid
-from domain.jobs import JobRecord, ShipmentRecord
-from domain.shipment import is_valid_batch_id, job_id_for, parse_shipment
-from handlers.auth import bearer_token
-from handlers.http import Request, Response, json_response, problem
-from handlers.schemas import EnqueueRequestSchema, JobAcceptedSchema, JobStatusSchema, ShipmentSchema
+from importer.domain.errors import CsvInvalid
+from importer.domain.jobs import JobRecord, ShipmentRecord
+from importer.domain.shipment import is_valid_batch_id, job_id_for, parse_shipment
+from importer.handlers.auth import bearer_token
+from importer.handlers.http import Request, Response, json_response, problem
+from importer.handlers.schemas import EnqueueRequestSchema, JobAcceptedSchema, JobStatusSchema, ShipmentSchema
 
 
 # Schemas are stateless once built; building one per request costs more than

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from domain.errors import explain
+from importer.domain.errors import explain
 
 PROBLEM_TYPE_BASE = "https://importer.example/problems/"
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from apispec import APISpec
 from apispec.ext.marshmallow import MarshmallowPlugin
 
-from handlers import schemas
-from handlers.routes import ROUTES
+from importer.handlers import schemas
+from importer.handlers.routes import ROUTES
 
 SPEC_PATH = Path(__file__).resolve().parent.parent / "openapi.yaml"
 

@@ -10,9 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from handlers import api as h
-from handlers.auth import KeyRing, bearer_token
-from handlers.http import Request, Response, problem
+from importer.handlers import api as h
+from importer.handlers.auth import KeyRing, bearer_token
+from importer.handlers.http import Request, Response, problem
 
 log = logging.getLogger("importer.http")
 

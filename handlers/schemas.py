@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate
 
-from domain.shipment import is_valid_batch_id
+from importer.domain.shipment import is_valid_batch_id
 
 
 def _batch_id(value: str) -> None:

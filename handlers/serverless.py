@@ -2,12 +2,12 @@
 payload format 2.0) or a Lambda Function URL (same event shape).
 
 Like the WSGI transport (handlers/wsgi.py) it only turns its own request shape
-into the plain :class:`handlers.http.Request`, calls
-:func:`handlers.routes.dispatch` and turns the :class:`handlers.http.Response`
+into the plain :class:`importer.handlers.http.Request`, calls
+:func:`importer.handlers.routes.dispatch` and turns the :class:`importer.handlers.http.Response`
 back into the event response shape. Same routes, same authentication, same
 problem documents, same body limit. No AWS SDK is needed or imported.
 
-Deployment entry point: ``handlers.serverless.handler`` (see its docstring).
+Deployment entry point: ``importer.handlers.serverless.handler`` (see its docstring).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
-from handlers.api import Api
-from handlers.auth import KeyRing
-from handlers.http import Request, Response, problem
-from handlers.routes import dispatch
-from handlers.wsgi import body_limit
+from importer.handlers.api import Api
+from importer.handlers.auth import KeyRing
+from importer.handlers.http import Request, Response, problem
+from importer.handlers.routes import dispatch
+from importer.handlers.wsgi import body_limit
 
 Event = dict[str, Any]
 EventResponse = dict[str, Any]
@@ -103,7 +103,7 @@ def to_request(event: Event, *, limit: int | None = None) -> Request | Response:
     """The plain Request of a payload format 2.0 event, or the 413 problem response.
 
     ``limit`` is the body limit in bytes; :func:`make_handler` passes
-    ``handlers.wsgi.body_limit(api)``, the WSGI transport's limit, so a larger
+    ``importer.handlers.wsgi.body_limit(api)``, the WSGI transport's limit, so a larger
     body gets the same ``413 request.too_large`` as there. ``None``: no limit
     (only for callers that enforce one themselves).
 
@@ -185,7 +185,7 @@ def make_handler(api: Api, keys: KeyRing) -> LambdaHandler:
 class _Deployed:
     """What a warm Lambda execution environment keeps between invocations."""
 
-    side: Any  # adapters.bootstrap.HttpSide (holds the Redis client and broker)
+    side: Any  # importer.adapters.bootstrap.HttpSide (holds the Redis client and broker)
     handle: LambdaHandler
 
 
@@ -195,9 +195,9 @@ _deployed: _Deployed | None = None
 def _deploy() -> _Deployed:
     # Imported here, not at module level: importing this module builds and
     # connects nothing (and needs no environment variable).
-    from adapters.bootstrap import build_http
-    from adapters.logs import configure_logging
-    from adapters.settings import Settings
+    from importer.adapters.bootstrap import build_http
+    from importer.adapters.logs import configure_logging
+    from importer.adapters.settings import Settings
 
     settings = Settings.from_env()
     configure_logging()
@@ -207,7 +207,7 @@ def _deploy() -> _Deployed:
 
 
 def handler(event: Event, context: object) -> EventResponse:
-    """AWS Lambda entry point (``handlers.serverless.handler``).
+    """AWS Lambda entry point (``importer.handlers.serverless.handler``).
 
     Works behind an API Gateway HTTP API (Lambda integration, payload format
     version 2.0, ``$default`` stage or a custom domain mapping, so that

@@ -11,10 +11,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qsl
 
-from handlers.api import Api
-from handlers.auth import KeyRing
-from handlers.http import Request, Response, problem
-from handlers.routes import dispatch
+from importer.handlers.api import Api
+from importer.handlers.auth import KeyRing
+from importer.handlers.http import Request, Response, problem
+from importer.handlers.routes import dispatch
 
 StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]

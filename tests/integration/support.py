@@ -19,11 +19,11 @@ from typing import Any
 
 import redis
 
-from adapters.bootstrap import clock_ms
-from adapters.queue import ImportQueue, build_broker
-from adapters.redis_store import RedisStore
-from adapters.settings import Settings
-from handlers.auth import hash_key, new_key
+from importer.adapters.bootstrap import clock_ms
+from importer.adapters.queue import ImportQueue, build_broker
+from importer.adapters.redis_store import RedisStore
+from importer.adapters.settings import Settings
+from importer.handlers.auth import hash_key, new_key
 
 ROOT = Path(__file__).resolve().parents[2]
 RABBITMQ_URL = os.environ.get("IMPORTER_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
@@ -125,7 +125,7 @@ class System:
         self.brokers.append(queue.broker)
         return queue
 
-    def _spawn(self, name: str, args: list[str], env: dict[str, str], module: str = "adapters.cli") -> Proc:
+    def _spawn(self, name: str, args: list[str], env: dict[str, str], module: str = "importer.adapters.cli") -> Proc:
         log_path = self.workdir / f"{name}-{len(self.procs)}.log"
         with open(log_path, "wb") as handle:
             popen = subprocess.Popen(
@@ -150,7 +150,7 @@ class System:
         port = free_port()
         if server == "waitress":
             proc = self._spawn(
-                "http", [f"--listen=127.0.0.1:{port}", "--call", "adapters.http_server:wsgi_app"],
+                "http", [f"--listen=127.0.0.1:{port}", "--call", "importer.adapters.http_server:wsgi_app"],
                 {**self.env, **env}, module="waitress",
             )
         else:

@@ -9,10 +9,10 @@ import pytest
 import redis
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from adapters.redis_store import RedisStore
-from adapters.settings import Settings
-from domain.shipment import Row, Shipment
-from domain.stock import MAX_STOCK, StockState, apply_shipment
+from importer.adapters.redis_store import RedisStore
+from importer.adapters.settings import Settings
+from importer.domain.shipment import Row, Shipment
+from importer.domain.stock import MAX_STOCK, StockState, apply_shipment
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.integration
 def importer(system: System, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**system.env, "IMPORTER_API_KEY": system.api_key, "IMPORTER_URL": system.base_url}
     return subprocess.run(
-        [sys.executable, "-m", "adapters.cli", *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "importer.adapters.cli", *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
     )
 
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from domain.shipment import job_id_for
+from importer.domain.shipment import job_id_for
 from tests.integration.support import FIXTURES, System, free_port, queued_messages, stored_messages, wait_for
 
 pytestmark = pytest.mark.integration

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from adapters.embedded_redis import EmbeddedRedis
-from domain.shipment import job_id_for
+from importer.adapters.embedded_redis import EmbeddedRedis
+from importer.domain.shipment import job_id_for
 from tests.integration.support import FIXTURES, ROOT, Proc, System, free_port, wait_for
 
 pytestmark = pytest.mark.integration
@@ -110,7 +110,7 @@ def _observer(system: System, *extra: str) -> tuple[subprocess.Popen[bytes], Pat
     out = system.workdir / f"events-{len(system.procs)}.out"
     with open(out, "wb") as handle, open(str(out) + ".log", "wb") as errors:
         popen = subprocess.Popen(
-            [sys.executable, "-m", "adapters.cli", "events", *extra],
+            [sys.executable, "-m", "importer.adapters.cli", "events", *extra],
             env=system.env, cwd=ROOT, stdout=handle, stderr=errors, start_new_session=True,
         )
     system.procs.append(Proc("events", popen, Path(str(out) + ".log")))

@@ -6,7 +6,7 @@ from types import MappingProxyType
 
 import pytest
 
-from domain.contract import (
+from importer.domain.contract import (
     CURRENT_VERSION,
     KNOWN_VERSIONS,
     ImportMessage,
@@ -14,7 +14,7 @@ from domain.contract import (
     encode_message,
     job_id_of,
 )
-from domain.errors import InvalidMessage, UnsupportedContractVersion, public_error_for
+from importer.domain.errors import InvalidMessage, UnsupportedContractVersion, public_error_for
 
 V1 = frozenset({1})
 UPLOAD = "0123456789abcdef0123456789abcdef"

@@ -1,6 +1,6 @@
 """The HTTP API through the real WSGI app (handlers/wsgi.py), in process.
 
-No network and no Redis: the ports of :class:`handlers.api.Api` are small
+No network and no Redis: the ports of :class:`importer.handlers.api.Api` are small
 typed fakes below (a dict-backed JobStore and a list-backed MessageSender).
 Every call goes through ``wsgiref.validate.validator`` so the app is also
 checked against PEP 3333 on each request.
@@ -19,11 +19,11 @@ from wsgiref.validate import validator
 
 import pytest
 
-from domain.jobs import JobRecord, ShipmentRecord
-from handlers.api import Api, Lifecycle
-from handlers.auth import KeyRing, hash_key
-from handlers.http import PROBLEM_TYPE_BASE
-from handlers.wsgi import WsgiApp, body_limit, create_app
+from importer.domain.jobs import JobRecord, ShipmentRecord
+from importer.handlers.api import Api, Lifecycle
+from importer.handlers.auth import KeyRing, hash_key
+from importer.handlers.http import PROBLEM_TYPE_BASE
+from importer.handlers.wsgi import WsgiApp, body_limit, create_app
 
 KEY_A = "imp_test-key-for-owner-a"
 KEY_B = "imp_test-key-for-owner-b"
@@ -49,7 +49,7 @@ class StoreDown(Exception):
 
 @dataclass
 class FakeOutcome:
-    """Same shape as adapters.redis_store.EnqueueOutcome."""
+    """Same shape as importer.adapters.redis_store.EnqueueOutcome."""
 
     kind: str  # 'created' | 'exists' | 'conflict' | 'rate_limited'
     state: str

@@ -13,8 +13,8 @@ from jsonschema.exceptions import ValidationError
 from openapi_schema_validator import OAS31Validator, oas31_format_checker
 from openapi_spec_validator import validate as validate_spec
 
-from handlers.openapi import SPEC_PATH, spec_yaml
-from handlers.routes import ROUTES
+from importer.handlers.openapi import SPEC_PATH, spec_yaml
+from importer.handlers.routes import ROUTES
 from tests.unit.test_http_handlers import KEY_B, VALID_CSV, Harness, Result, make_harness, record, shipment
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,8 +9,8 @@ import string
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from domain.errors import EXPLANATIONS, CsvInvalid
-from domain.shipment import (
+from importer.domain.errors import EXPLANATIONS, CsvInvalid
+from importer.domain.shipment import (
     MAX_ISSUES,
     MAX_QUANTITY,
     SKU_PATTERN,
@@ -18,7 +18,7 @@ from domain.shipment import (
     Shipment,
     parse_shipment,
 )
-from domain.stock import MAX_STOCK, StockState, apply_shipment
+from importer.domain.stock import MAX_STOCK, StockState, apply_shipment
 
 SETTINGS = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SKU_RE = re.compile(SKU_PATTERN)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from domain.errors import CsvInvalid, CsvIssue
-from domain.shipment import (
+from importer.domain.errors import CsvInvalid, CsvIssue
+from importer.domain.shipment import (
     MAX_ISSUES,
     MAX_QUANTITY,
     Row,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from domain.shipment import Row, Shipment, parse_shipment
-from domain.stock import MAX_STOCK, ApplyOutcome, DoneMarker, ImportResult, StockState, apply_shipment
+from importer.domain.shipment import Row, Shipment, parse_shipment
+from importer.domain.stock import MAX_STOCK, ApplyOutcome, DoneMarker, ImportResult, StockState, apply_shipment
 
 
 def shipment(text: str) -> Shipment:

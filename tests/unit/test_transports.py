@@ -24,12 +24,12 @@ from urllib.parse import unquote
 
 import pytest
 
-from handlers import serverless
-from handlers.api import Api, Lifecycle
-from handlers.auth import KeyRing, hash_key
-from handlers.http import Request, Response, json_response, problem
-from handlers.serverless import UnsupportedEvent, make_handler, to_event_response, to_request
-from handlers.wsgi import body_limit, create_app
+from importer.handlers import serverless
+from importer.handlers.api import Api, Lifecycle
+from importer.handlers.auth import KeyRing, hash_key
+from importer.handlers.http import Request, Response, json_response, problem
+from importer.handlers.serverless import UnsupportedEvent, make_handler, to_event_response, to_request
+from importer.handlers.wsgi import body_limit, create_app
 from tests.unit.test_http_handlers import (
     CountingUuids,
     FakeSender,
@@ -468,7 +468,7 @@ def test_empty_body_is_an_empty_text() -> None:
 def test_importing_the_module_builds_and_imports_nothing_outside_handlers() -> None:
     code = (
         "import sys\n"
-        "import handlers.serverless as s\n"
+        "import importer.handlers.serverless as s\n"
         "assert callable(s.handler) and s._deployed is None\n"
         "outside = sorted(m for m in sys.modules if m.split('.')[0] in "
         "('adapters', 'redis', 'dramatiq', 'gunicorn', 'boto3', 'botocore', 'awslambdaric'))\n"
@@ -486,26 +486,26 @@ def test_importing_the_module_builds_and_imports_nothing_outside_handlers() -> N
 @pytest.fixture
 def fresh_module_handler(monkeypatch: pytest.MonkeyPatch) -> None:
     """No cached deployment, no IMPORTER_* variable, no logging reconfiguration."""
-    import adapters.logs
+    import importer.adapters.logs
 
     for name in list(os.environ):
         if name.startswith("IMPORTER_"):
             monkeypatch.delenv(name)
     monkeypatch.setattr(serverless, "_deployed", None)
-    monkeypatch.setattr(adapters.logs, "configure_logging", lambda level="INFO": None)
+    monkeypatch.setattr(importer.adapters.logs, "configure_logging", lambda level="INFO": None)
 
 
 @dataclass
 class FakeHttpSide:
-    """What handlers.serverless uses of adapters.bootstrap.HttpSide."""
+    """What importer.handlers.serverless uses of importer.adapters.bootstrap.HttpSide."""
 
     api: Api
 
 
 @pytest.mark.usefixtures("fresh_module_handler")
 def test_module_handler_builds_once_from_the_environment_and_reuses_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    import adapters.bootstrap
-    from adapters.settings import Settings
+    import importer.adapters.bootstrap
+    from importer.adapters.settings import Settings
 
     built: list[Settings] = []
     side = build_side()
@@ -514,7 +514,7 @@ def test_module_handler_builds_once_from_the_environment_and_reuses_it(monkeypat
         built.append(settings)
         return FakeHttpSide(side.api)
 
-    monkeypatch.setattr(adapters.bootstrap, "build_http", fake_build_http)
+    monkeypatch.setattr(importer.adapters.bootstrap, "build_http", fake_build_http)
     monkeypatch.setenv("IMPORTER_REDIS_URL", "redis://redis.invalid:6379/0")
     monkeypatch.setenv("IMPORTER_API_KEYS", f"owner-a:{hash_key(FIXTURE_KEY)}")
     assert built == []  # nothing built before the first invocation
@@ -529,7 +529,7 @@ def test_module_handler_builds_once_from_the_environment_and_reuses_it(monkeypat
 
 @pytest.mark.usefixtures("fresh_module_handler")
 def test_module_handler_without_redis_url_fails_without_connecting_and_retries_later() -> None:
-    from adapters.settings import SettingsError
+    from importer.adapters.settings import SettingsError
 
     with pytest.raises(SettingsError, match="IMPORTER_REDIS_URL"):
         serverless.handler(load_event("health.json"), None)
