@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import dramatiq
 import redis
 
-from importer.adapters.faults import inject
 from importer.adapters.logs import log_event
 from importer.adapters.metrics import HttpMetrics
 from importer.adapters.queue import (
@@ -28,6 +27,7 @@ from importer.adapters.queue import (
 )
 from importer.adapters.redis_store import RedisStore, StoreUnavailable
 from importer.adapters.settings import Settings, SettingsError
+from importer.domain.ports import AttemptStore, MessageSender
 from importer.handlers.api import Api
 from importer.handlers.auth import KeyRing
 from importer.handlers.openapi import spec_yaml
@@ -73,16 +73,20 @@ def build_http(settings: Settings) -> HttpSide:
     store = RedisStore(client, settings, clock_ms=clock_ms)
     broker = build_broker(settings, client)
     metrics = HttpMetrics(store)
+    sender: MessageSender = ImportQueue(broker, settings)
+    if settings.fault:
+        from importer.adapters.faults import Faults, FaultySender  # tests only
+
+        sender = FaultySender(sender, Faults(settings.fault))
     api = Api(
         store=store,
-        sender=ImportQueue(broker, settings),
+        sender=sender,
         max_upload_bytes=settings.max_upload_bytes,
         max_rows=settings.max_rows,
         openapi_yaml=spec_yaml,
         uuidgen=lambda: uuid.uuid4().hex,
         # The store's Redis or the message broker unreachable: 503, retry later.
         unavailable_errors=(StoreUnavailable, dramatiq.errors.BrokerError),
-        fault=lambda point: inject(settings, point),
         metrics=metrics.render,
         metrics_token=settings.metrics_token,
         on_store_error=metrics.redis_errors.inc,
@@ -97,7 +101,12 @@ def build_worker(settings: Settings) -> dramatiq.Broker:
     """The broker of a worker process, with the import actor declared on it."""
     client = redis_client(settings)
     store = RedisStore(client, settings, clock_ms=clock_ms)
-    runner = ImportRunner(store, settings)
+    attempts: AttemptStore = store
+    if settings.fault:
+        from importer.adapters.faults import Faults, FaultyAttemptStore  # tests only
+
+        attempts = FaultyAttemptStore(store, Faults(settings.fault))
+    runner = ImportRunner(attempts, settings)
     middleware = [AttemptRecorder(runner, settings), UnsentSweeper(store, settings), CloseConnections(client)]
     if settings.worker_metrics_port:
         from dramatiq.middleware.prometheus import Prometheus

@@ -25,7 +25,6 @@ import os
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from typing import Any
 
 import dramatiq
@@ -33,24 +32,16 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import CurrentMessage, Middleware, Retries, ShutdownNotifications, TimeLimit
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
-from importer.adapters.faults import inject
 from importer.adapters.logs import log_event
 from importer.adapters.redis_store import RedisStore, StoreUnavailable
 from importer.adapters.settings import Settings
-from importer.domain.contract import decode_message, encode_message, job_id_of
-from importer.domain.errors import CsvInvalid, DomainError, PublicError, public_error_for
-from importer.domain.shipment import parse_shipment
+from importer.domain.contract import encode_message
+from importer.domain.errors import PublicError
+from importer.domain.ports import AttemptStore
+from importer.domain.run_import import PermanentImportFailure, run_import
 
 ACTOR_NAME = "import_shipment"
 log = logging.getLogger("importer.worker")
-
-
-class PermanentImportFailure(Exception):
-    """Raised after a permanent failure was recorded: dramatiq must not retry it."""
-
-    def __init__(self, code: str) -> None:
-        super().__init__(code)
-        self.code = code
 
 
 def build_broker(settings: Settings, client: Any, *, worker_middleware: list[Middleware] | None = None) -> dramatiq.Broker:
@@ -126,16 +117,13 @@ def _where(exc: BaseException) -> str:
 
 
 class ImportRunner:
-    """The body of the import actor: decode, start the attempt, validate, apply."""
+    """Runs :func:`importer.domain.run_import.run_import` for the actor and
+    remembers which attempt each dramatiq message started, for AttemptRecorder."""
 
-    def __init__(self, store: RedisStore, settings: Settings, *, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(self, store: AttemptStore, settings: Settings) -> None:
         self.store = store
         self.settings = settings
-        self.sleep = sleep
         self._attempts: dict[str, tuple[str, int]] = {}  # dramatiq message id -> (jobId, attempt)
-
-    def _fault(self, point: str) -> None:
-        inject(self.settings, point, sleep=self.sleep)
 
     def attempt_of(self, message_id: str) -> tuple[str, int] | None:
         return self._attempts.get(message_id)
@@ -143,57 +131,15 @@ class ImportRunner:
     def forget(self, message_id: str) -> None:
         self._attempts.pop(message_id, None)
 
-    def run(self, payload: Any, message_id: str = "") -> None:
-        try:
-            msg = decode_message(payload, self.settings.accepted_versions)
-        except DomainError as exc:
-            job_id = job_id_of(payload)
-            log_event(log, "import.rejected_message", logging.WARNING, jobId=job_id, code=exc.code)
-            if job_id:
-                self.store.record_failure(
-                    job_id=job_id, attempt=None, final=True, error=public_error_for(exc),
-                    diagnostic=f"{type(exc).__name__}: {exc.detail}", next_attempt_at_ms=None,
-                )
-            raise PermanentImportFailure(exc.code) from None
+    def run(self, body: Any, message_id: str = "") -> str:
+        def started(job_id: str, attempt: int) -> None:
+            self._attempts[message_id] = (job_id, attempt)
 
-        ctx = {"jobId": msg.job_id, "batchId": msg.batch_id}
-        outcome = self.store.start_attempt(msg.job_id, msg.upload_id)
-        if outcome.kind == "upload_missing":
-            self.store.record_failure(
-                job_id=msg.job_id, attempt=outcome.attempt, final=True,
-                error=PublicError.from_code("import.upload_missing"), diagnostic="upload key missing", next_attempt_at_ms=None,
-            )
-            raise PermanentImportFailure("import.upload_missing")
-        if outcome.kind != "started" or outcome.started is None:
-            # finished / stale / missing: a duplicate or late delivery; the
-            # record already tells the truth. exhausted: recorded as failed.
-            log_event(log, "import.skipped", reason=outcome.kind, state=outcome.state, **ctx)
-            return
-        started = outcome.started
-        ctx.update(owner=started.owner, attempt=started.attempt)
-        self._attempts[message_id] = (msg.job_id, started.attempt)
-        log_event(log, "import.started", logging.DEBUG, **ctx)
-
-        parsed = parse_shipment(started.csv, max_rows=self.settings.max_rows)
-        if isinstance(parsed, CsvInvalid):
-            self.store.record_failure(
-                job_id=msg.job_id, attempt=started.attempt, final=True, error=public_error_for(parsed),
-                diagnostic=f"{len(parsed.issues)} CSV issue(s), first {parsed.code}", next_attempt_at_ms=None,
-            )
-            log_event(log, "import.failed", code=parsed.code, issues=len(parsed.issues), **ctx)
-            raise PermanentImportFailure(parsed.code)
-
-        self._fault("before_apply")
-        applied = self.store.validated_and_apply(
-            job_id=msg.job_id, upload_id=msg.upload_id, attempt=started.attempt,
-            batch_id=msg.batch_id, owner=started.owner, shipment=parsed,
+        return run_import(
+            self.store, body, accepted_versions=self.settings.accepted_versions, max_rows=self.settings.max_rows,
+            log=lambda event, level=logging.INFO, **fields: log_event(log, event, level, **fields),
+            on_started=started,
         )
-        self._fault("after_apply")
-        if applied.kind in ("conflict", "overflow"):
-            code = "batch.conflict" if applied.kind == "conflict" else "stock.overflow"
-            log_event(log, "import.failed", code=code, **ctx)
-            raise PermanentImportFailure(code)
-        log_event(log, "import." + applied.kind, rows=parsed.row_count, **ctx)
 
 
 def _code_for(exc: BaseException) -> str:

@@ -21,6 +21,7 @@ from importer.adapters.scripts import SCRIPT_NAMES, lua_source
 from importer.adapters.settings import Settings
 from importer.domain.errors import PublicError
 from importer.domain.jobs import JobRecord, ShipmentRecord
+from importer.domain.ports import ApplyResult, EnqueueOutcome, StartedAttempt, StartOutcome
 from importer.domain.shipment import Shipment
 from importer.domain.stock import MAX_STOCK
 
@@ -74,14 +75,6 @@ class Keys:
 
 
 @dataclass(frozen=True)
-class EnqueueOutcome:
-    kind: str  # 'created' | 'exists' | 'conflict' | 'rate_limited'
-    state: str
-    reason: str = ""
-    retry_after_ms: int = 0
-
-
-@dataclass(frozen=True)
 class QueueStats:
     """Queue-wide numbers for /metrics, read from Redis at scrape time."""
 
@@ -89,30 +82,6 @@ class QueueStats:
     oldest_waiting_age_s: float
     active: int
     counters: dict[str, int]
-
-
-@dataclass(frozen=True)
-class StartedAttempt:
-    attempt: int
-    batch_id: str
-    owner: str
-    content_sha256: str
-    csv: bytes
-
-
-@dataclass(frozen=True)
-class StartOutcome:
-    kind: str  # 'started' | 'missing' | 'stale' | 'finished' | 'exhausted' | 'upload_missing'
-    attempt: int = 0
-    started: StartedAttempt | None = None
-    state: str = ""
-
-
-@dataclass(frozen=True)
-class ApplyResult:
-    kind: str  # 'applied' | 'replayed' | 'conflict' | 'overflow' | 'finished' | 'missing'
-    result: dict[str, Any] | None = None
-    detail: str = ""
 
 
 def _s(value: bytes | str | None) -> str:
@@ -196,12 +165,12 @@ class RedisStore:
             )
         kind = _s(reply[0])
         if kind == "rate_limited":
-            return EnqueueOutcome("rate_limited", "", retry_after_ms=int(reply[1]))
+            return EnqueueOutcome("rate_limited", retry_after_ms=int(reply[1]))
         if kind == "created":
             return EnqueueOutcome("created", "waiting")
         if kind == "exists":
             return EnqueueOutcome("exists", _s(reply[1]))
-        return EnqueueOutcome("conflict", "", _s(reply[1]))
+        return EnqueueOutcome("conflict")
 
     def mark_sent(self, job_id: str) -> None:
         """The message of this job is in the broker: the sweeper may forget it."""

@@ -170,11 +170,3 @@ class Settings:
             raise SettingsError("IMPORTER_BROKER_URL must be a redis://, rediss://, unix://, amqp:// or amqps:// URL")
         if self.max_attempts < 1:
             raise SettingsError("max_attempts must be >= 1")
-
-    def fault_at(self, point: str) -> str | None:
-        """The fault configured for a named point, if any ("5" seconds or "crash")."""
-        for item in self.fault.split(","):
-            name, _, arg = item.partition(":")
-            if name.strip() == point:
-                return arg.strip() or "crash"
-        return None

@@ -90,7 +90,20 @@ class CsvInvalid(DomainError):
 
 
 class BatchConflict(DomainError):
+    """The batchId is bound to other content or to another owner (one answer for both)."""
+
     code = "batch.conflict"
+
+
+class RateLimited(DomainError):
+    """This owner sent too many imports in the current window."""
+
+    code = "request.rate_limited"
+    permanent = False
+
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__(f"retry after {retry_after_s} s")
+        self.retry_after_s = retry_after_s
 
 
 class StockOverflow(DomainError):

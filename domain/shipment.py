@@ -79,6 +79,18 @@ def content_sha256(rows: tuple[Row, ...] | list[Row]) -> str:
     return digest.hexdigest()
 
 
+def content_key(data: bytes, max_rows: int = DEFAULT_MAX_ROWS) -> str:
+    """What identifies a batch's content: the canonical hash when the CSV is valid.
+
+    An invalid file cannot be canonicalised; its raw bytes identify it (the
+    worker will fail it with its located issues).
+    """
+    parsed = parse_shipment(data, max_rows=max_rows)
+    if isinstance(parsed, CsvInvalid):
+        return "bytes:" + hashlib.sha256(data).hexdigest()
+    return parsed.content_sha256
+
+
 class _Issues:
     """Collects issues up to MAX_ISSUES, remembering whether more were dropped."""
 

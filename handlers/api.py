@@ -1,13 +1,15 @@
-"""The handlers: enqueue, status, health, spec. Each is ``(Api, Request) -> Response``.
+"""The HTTP handlers: enqueue, status, shipment, health, spec, metrics.
 
-They receive their ports explicitly in :class:`Api`; they never read the
-environment or build clients. The WSGI transport (handlers/wsgi.py) and any
-other transport only turn their own request shape into :class:`Request`.
+Each is ``(Api, Request) -> Response``: it reads the request, calls a use case
+or a port, and dumps the answer. A refused request raises :class:`ApiError`
+(the one code -> status table is handlers/problems.py). Handlers receive
+their ports in :class:`Api`; they never read the environment or build
+clients. The transports (handlers/wsgi.py, handlers/serverless.py) only turn
+their own request shape into :class:`Request`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import threading
@@ -18,11 +20,13 @@ from typing import Any, Protocol
 
 from marshmallow import ValidationError
 
-from importer.domain.errors import CsvInvalid
 from importer.domain.jobs import JobRecord, ShipmentRecord
-from importer.domain.shipment import is_valid_batch_id, job_id_for, parse_shipment
+from importer.domain.ports import JobRecorder, MessageSender
+from importer.domain.shipment import BATCH_ID_PATTERN, is_valid_batch_id
+from importer.domain.submit_import import submit_import
 from importer.handlers.auth import bearer_token
-from importer.handlers.http import Request, Response, json_response, problem
+from importer.handlers.http import Request, Response, json_response
+from importer.handlers.problems import ApiError
 from importer.handlers.schemas import EnqueueRequestSchema, JobAcceptedSchema, JobStatusSchema, ShipmentSchema
 
 
@@ -34,23 +38,12 @@ _JOB_STATUS = JobStatusSchema()
 _SHIPMENT = ShipmentSchema()
 
 
-class EnqueueOutcomeLike(Protocol):
-    kind: str
-    state: str
-    reason: str
-    retry_after_ms: int
+class JobStore(JobRecorder, Protocol):
+    """What the HTTP side needs of the store: record jobs, and read records."""
 
-
-class JobStore(Protocol):
-    def enqueue(self, *, job_id: str, batch_id: str, owner: str, content_sha256: str, upload_id: str, csv: bytes) -> EnqueueOutcomeLike: ...
-    def mark_sent(self, job_id: str) -> None: ...
     def get_job(self, job_id: str) -> JobRecord | None: ...
     def get_shipment(self, batch_id: str) -> ShipmentRecord | None: ...
     def ping(self) -> bool: ...
-
-
-class MessageSender(Protocol):
-    def send(self, *, job_id: str, batch_id: str, upload_id: str) -> None: ...
 
 
 class Lifecycle:
@@ -82,7 +75,6 @@ class Api:
     #: Exceptions meaning "the store cannot be reached": answered 503.
     unavailable_errors: tuple[type[BaseException], ...] = ()
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
-    fault: Callable[[str], None] = lambda point: None
     #: Renders Prometheus text: (body, content type). None: /metrics is off.
     metrics: Callable[[], tuple[bytes, str]] | None = None
     #: The bearer token /metrics requires ('' = /metrics is off).
@@ -114,26 +106,27 @@ def job_status(record: JobRecord) -> dict[str, Any]:
     return _JOB_STATUS.dump(payload)
 
 
-def _read_enqueue_body(req: Request) -> tuple[str, bytes] | Response:
+def _read_enqueue_body(req: Request) -> tuple[str, bytes]:
+    """(batchId, CSV bytes) from a JSON body or a raw text/csv body with ?batchId=."""
     content_type = req.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "application/json":
         try:
             data = json.loads(req.body)
         except (ValueError, UnicodeDecodeError):
-            return problem(400, "request.bad_json", instance=req.path)
+            raise ApiError("request.bad_json", instance=req.path) from None
         try:
             loaded = _ENQUEUE_REQUEST.load(data if isinstance(data, dict) else {"_": data})
         except ValidationError as err:
-            return problem(422, "request.invalid", instance=req.path, fields=_field_errors(err))
+            raise ApiError("request.invalid", instance=req.path, extra={"fields": _field_errors(err)}) from None
         if "batchId" in req.query and req.query["batchId"] != loaded["batchId"]:
-            return problem(422, "request.invalid", instance=req.path, fields={"batchId": ["The query batchId differs from the body's."]})
+            raise ApiError("request.invalid", instance=req.path, extra={"fields": {"batchId": ["The query batchId differs from the body's."]}})
         return loaded["batchId"], loaded["csv"].encode()
     if content_type in ("text/csv", "application/csv"):
         batch_id = req.query.get("batchId", "")
         if not is_valid_batch_id(batch_id):
-            return problem(422, "request.invalid", instance=req.path, fields={"batchId": ["Must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$."]})
+            raise ApiError("request.invalid", instance=req.path, extra={"fields": {"batchId": [f"Must match {BATCH_ID_PATTERN}."]}})
         return batch_id, req.body
-    return problem(415, "request.unsupported_media_type", instance=req.path)
+    raise ApiError("request.unsupported_media_type", instance=req.path)
 
 
 def _field_errors(err: ValidationError) -> dict[str, list[str]]:
@@ -147,53 +140,26 @@ def _field_errors(err: ValidationError) -> dict[str, list[str]]:
     return out
 
 
-def content_key(csv: bytes, max_rows: int) -> str:
-    """What identifies a batch's content: the canonical hash when the CSV is valid.
-
-    An invalid file cannot be canonicalised; its raw bytes identify it (the
-    worker will fail it with its located issues).
-    """
-    parsed = parse_shipment(csv, max_rows=max_rows)
-    if isinstance(parsed, CsvInvalid):
-        return "bytes:" + hashlib.sha256(csv).hexdigest()
-    return parsed.content_sha256
-
-
 def enqueue(api: Api, req: Request) -> Response:
-    """POST /api/imports: record the job (once per batchId) and send its message."""
-    body = _read_enqueue_body(req)
-    if isinstance(body, Response):
-        return body
-    batch_id, csv = body
+    """POST /api/imports: the use case "take an upload" (importer.domain.submit_import)."""
+    batch_id, csv = _read_enqueue_body(req)
     if len(csv) > api.max_upload_bytes:
-        return problem(413, "request.too_large", instance=req.path)
-    owner = req.owner or ""
-    job_id = job_id_for(batch_id)
-    upload_id = api.uuidgen()
-    outcome = api.store.enqueue(
-        job_id=job_id, batch_id=batch_id, owner=owner,
-        content_sha256=content_key(csv, api.max_rows), upload_id=upload_id, csv=csv,
+        raise ApiError("request.too_large", instance=req.path)
+    accepted = submit_import(
+        api.store, api.sender, owner=req.owner or "", batch_id=batch_id, csv=csv,
+        upload_id=api.uuidgen(), max_rows=api.max_rows,
     )
-    if outcome.kind == "rate_limited":
-        retry_after = max(1, -(-outcome.retry_after_ms // 1000))
-        return problem(429, "request.rate_limited", instance=req.path, headers=(("Retry-After", str(retry_after)),))
-    if outcome.kind == "conflict":
-        # Same answer whether another owner or other content holds the batchId:
-        # nothing about the other shipment is revealed.
-        return problem(409, "batch.conflict", instance=req.path)
-    if outcome.kind == "created":
-        api.fault("before_send")
-        api.sender.send(job_id=job_id, batch_id=batch_id, upload_id=upload_id)
-        api.store.mark_sent(job_id)
-    accepted = _JOB_ACCEPTED.dump({"jobId": job_id, "batchId": batch_id, "state": outcome.state})
-    return json_response(202, accepted, (("Location", f"/api/imports/{job_id}"),))
+    body = _JOB_ACCEPTED.dump({"jobId": accepted.job_id, "batchId": accepted.batch_id, "state": accepted.state})
+    return json_response(202, body, (("Location", f"/api/imports/{accepted.job_id}"),))
 
 
 def get_import(api: Api, req: Request) -> Response:
     """GET /api/imports/{jobId}: the stored record of the caller's own job."""
     record = api.store.get_job(req.path_params["jobId"])
     if record is None or record.owner != req.owner:
-        return not_found_job(req)
+        # The same bytes for "no such job" and "another owner's job" (no
+        # instance member: it would echo the id, the only thing that could differ).
+        raise ApiError("job.not_found")
     return json_response(200, job_status(record))
 
 
@@ -201,7 +167,7 @@ def get_shipment(api: Api, req: Request) -> Response:
     """GET /api/shipments/{batchId}: the durable history of one of the caller's batches."""
     record = api.store.get_shipment(req.path_params["batchId"])
     if record is None or record.owner != req.owner:
-        return problem(404, "shipment.not_found")
+        raise ApiError("shipment.not_found")
     payload = {
         "batchId": record.batch_id,
         "state": "applied",
@@ -210,12 +176,6 @@ def get_shipment(api: Api, req: Request) -> Response:
         "contentSha256": record.content_sha256,
     }
     return json_response(200, _SHIPMENT.dump(payload))
-
-
-def not_found_job(req: Request) -> Response:
-    # Identical for "no such job" and "another owner's job" (no instance
-    # member: it would echo the id and is the only thing that could differ).
-    return problem(404, "job.not_found")
 
 
 def health(api: Api, req: Request) -> Response:
@@ -243,6 +203,6 @@ def metrics(api: Api, req: Request) -> Response:
     """
     token = bearer_token(req.headers.get("authorization")) or ""
     if api.metrics is None or not api.metrics_token or not hmac.compare_digest(token.encode(), api.metrics_token.encode()):
-        return problem(401, "auth.required", headers=(("WWW-Authenticate", 'Bearer realm="importer-metrics"'),))
+        raise ApiError("auth.required", (("WWW-Authenticate", 'Bearer realm="importer-metrics"'),))
     body, content_type = api.metrics()
     return Response(200, body, (("Content-Type", content_type),))

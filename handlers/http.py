@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from importer.domain.errors import explain
+from importer.handlers.problems import ApiError, status_of
 
 PROBLEM_TYPE_BASE = "https://importer.example/problems/"
 
@@ -38,9 +39,11 @@ def json_response(status: int, payload: Any, headers: tuple[tuple[str, str], ...
 
 
 def problem(
-    status: int, code: str, *, instance: str | None = None, headers: tuple[tuple[str, str], ...] = (), **extra: Any
+    code: str, *, instance: str | None = None, headers: tuple[tuple[str, str], ...] = (), **extra: Any
 ) -> Response:
-    """An RFC 9457 problem response. Title and detail come from the fixed table, never from exceptions."""
+    """An RFC 9457 problem response. The status comes from the one table
+    (handlers/problems.py); title and detail from the fixed explanations, never from exceptions."""
+    status = status_of(code)
     title, detail = explain(code)
     payload: dict[str, Any] = {
         "type": PROBLEM_TYPE_BASE + code,
@@ -54,3 +57,7 @@ def problem(
     payload.update(extra)
     body = json.dumps(payload, separators=(",", ":")).encode()
     return Response(status, body, (("Content-Type", "application/problem+json"),) + headers)
+
+
+def problem_of(error: ApiError) -> Response:
+    return problem(error.code, instance=error.instance, headers=error.headers, **(error.extra or {}))

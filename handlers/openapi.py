@@ -9,12 +9,15 @@ from __future__ import annotations
 import copy
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from apispec import APISpec
 from apispec.ext.marshmallow import MarshmallowPlugin
 
+from importer.domain.errors import explain
 from importer.handlers import schemas
-from importer.handlers.routes import ROUTES
+from importer.handlers.problems import HEADERS_OF, status_of
+from importer.handlers.routes import ROUTES, Route
 
 SPEC_PATH = Path(__file__).resolve().parent.parent / "openapi.yaml"
 
@@ -32,6 +35,27 @@ def _schema_name_resolver(schema: type) -> str:
     cls = schema if isinstance(schema, type) else type(schema)
     name = cls.__name__
     return name[: -len("Schema")] if name.endswith("Schema") else name
+
+
+def error_responses(route: Route) -> dict[str, Any]:
+    """The problem responses of a route, grouped by status from the one code -> status table."""
+    by_status: dict[int, list[str]] = {}
+    for code in route.errors:
+        by_status.setdefault(status_of(code), []).append(code)
+    out: dict[str, Any] = {}
+    for status, codes in sorted(by_status.items()):
+        response: dict[str, Any] = {
+            "description": " ".join(f"{route.error_notes.get(code) or explain(code)[0]} ({code})." for code in codes),
+            "content": {"application/problem+json": {"schema": "Problem"}},
+        }
+        headers = {name: doc for code in codes for name, doc in HEADERS_OF.get(code, {}).items()}
+        if headers:
+            response["headers"] = {
+                name: {"description": doc, "schema": {"type": "integer" if name == "Retry-After" else "string"}}
+                for name, doc in headers.items()
+            }
+        out[str(status)] = response
+    return out
 
 
 def build_spec() -> APISpec:
@@ -61,7 +85,9 @@ def build_spec() -> APISpec:
         spec.components.schema(name, schema=schema)
     paths: dict[str, dict[str, dict]] = {}
     for route in ROUTES:
-        paths.setdefault(route.template, {})[route.method.lower()] = copy.deepcopy(route.operation)
+        operation = copy.deepcopy(route.operation)
+        operation["responses"] = dict(sorted({**operation["responses"], **error_responses(route)}.items()))
+        paths.setdefault(route.template, {})[route.method.lower()] = operation
     for template, operations in paths.items():
         spec.path(path=template, operations=operations)
     return spec

@@ -1,6 +1,7 @@
 """The route table: one place that maps (method, path) to a handler, its
-authentication and its OpenAPI operation, and one place that maps errors to
-problem responses."""
+authentication, its OpenAPI operation and the error codes it can answer;
+and :func:`dispatch`, the one place that turns raised errors into problem
+responses (statuses from handlers/problems.py)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from importer.domain.errors import DomainError
+from importer.domain.shipment import BATCH_ID_PATTERN
 from importer.handlers import api as h
 from importer.handlers.auth import KeyRing, bearer_token
-from importer.handlers.http import Request, Response, problem
+from importer.handlers.http import Request, Response, problem, problem_of
+from importer.handlers.problems import ApiError, api_error_for
 
 log = logging.getLogger("importer.http")
-
-def _problem_response(description: str) -> dict[str, Any]:
-    return {"description": description, "content": {"application/problem+json": {"schema": "Problem"}}}
-
 
 @dataclass(frozen=True)
 class Route:
@@ -27,6 +27,10 @@ class Route:
     handler: Callable[[h.Api, Request], Response]
     operation: dict[str, Any]
     authenticated: bool = True
+    #: The error codes this route answers (their statuses come from handlers/problems.py).
+    errors: tuple[str, ...] = ()
+    #: Per-code notes for the OpenAPI descriptions, where the code's title is not enough.
+    error_notes: dict[str, str] = field(default_factory=dict)
     pattern: re.Pattern[str] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -34,8 +38,8 @@ class Route:
         object.__setattr__(self, "pattern", re.compile(f"^{regex}$"))
 
 
-def _auth_errors() -> dict[str, Any]:
-    return {"401": _problem_response("Missing or unknown API key (auth.required).")}
+#: Every authenticated route can answer these.
+_API_ERRORS = ("auth.required", "service.unavailable")
 
 ROUTES: tuple[Route, ...] = (
     Route("POST", "/api/imports", h.enqueue, {
@@ -49,7 +53,7 @@ ROUTES: tuple[Route, ...] = (
         "parameters": [{
             "name": "batchId", "in": "query", "required": False,
             "description": "Required with text/csv bodies; with a JSON body it may be given and must then equal the body's batchId.",
-            "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"},
+            "schema": {"type": "string", "pattern": BATCH_ID_PATTERN},
         }],
         "requestBody": {"required": True, "content": {
             "application/json": {"schema": "EnqueueRequest"},
@@ -61,22 +65,15 @@ ROUTES: tuple[Route, ...] = (
                 "headers": {"Location": {"description": "URL of the job status.", "schema": {"type": "string"}}},
                 "content": {"application/json": {"schema": "JobAccepted"}},
             },
-            "400": _problem_response("The body is not valid JSON (request.bad_json)."),
-            **_auth_errors(),
-            "409": _problem_response(
-                "The batchId is already bound to other content or another producer (batch.conflict). "
-                "The answer is the same in both cases and reveals nothing about the other shipment."
-            ),
-            "413": _problem_response("The upload is larger than the limit (request.too_large)."),
-            "415": _problem_response("Content type not supported (request.unsupported_media_type)."),
-            "422": _problem_response("A field is not valid (request.invalid)."),
-            "429": {
-                "description": "Too many POSTs from this producer (request.rate_limited).",
-                "headers": {"Retry-After": {"description": "Seconds to wait.", "schema": {"type": "integer"}}},
-                "content": {"application/problem+json": {"schema": "Problem"}},
-            },
-            "503": _problem_response("The store is unreachable (service.unavailable)."),
         },
+    }, errors=(
+        "request.bad_json", *_API_ERRORS, "batch.conflict", "request.too_large",
+        "request.unsupported_media_type", "request.invalid", "request.rate_limited",
+    ), error_notes={
+        "batch.conflict": (
+            "The batchId is already bound to other content or another producer; the answer is the same "
+            "in both cases and reveals nothing about the other shipment"
+        ),
     }),
     Route("GET", "/api/imports/{jobId}", h.get_import, {
         "operationId": "getImport",
@@ -84,13 +81,12 @@ ROUTES: tuple[Route, ...] = (
         "parameters": [{"name": "jobId", "in": "path", "required": True, "schema": {"type": "string"}}],
         "responses": {
             "200": {"description": "The job record.", "content": {"application/json": {"schema": "JobStatus"}}},
-            **_auth_errors(),
-            "404": _problem_response(
-                "No record (job.not_found). Records are removed by retention after they finish, so this does not "
-                "mean the batch was never applied."
-            ),
-            "503": _problem_response("The store is unreachable (service.unavailable)."),
         },
+    }, errors=(*_API_ERRORS, "job.not_found"), error_notes={
+        "job.not_found": (
+            "No record. Records are removed by retention after they finish, so this does not "
+            "mean the batch was never applied"
+        ),
     }),
     Route("GET", "/api/shipments/{batchId}", h.get_shipment, {
         "operationId": "getShipment",
@@ -102,11 +98,8 @@ ROUTES: tuple[Route, ...] = (
         "parameters": [{"name": "batchId", "in": "path", "required": True, "schema": {"type": "string"}}],
         "responses": {
             "200": {"description": "The batch was applied.", "content": {"application/json": {"schema": "Shipment"}}},
-            **_auth_errors(),
-            "404": _problem_response("The batch was never applied (shipment.not_found)."),
-            "503": _problem_response("The store is unreachable (service.unavailable)."),
         },
-    }),
+    }, errors=(*_API_ERRORS, "shipment.not_found"), error_notes={"shipment.not_found": "The batch was never applied"}),
     Route("GET", "/health", h.health, {
         "operationId": "health",
         "summary": "Liveness of this HTTP process and its Redis",
@@ -124,9 +117,10 @@ ROUTES: tuple[Route, ...] = (
         "security": [{"metricsToken": []}],
         "responses": {
             "200": {"description": "Prometheus text format.", "content": {"text/plain": {"schema": {"type": "string"}}}},
-            "401": _problem_response("Missing or wrong metrics token, or none configured (auth.required)."),
         },
-    }, authenticated=False),
+    }, authenticated=False, errors=("auth.required",), error_notes={
+        "auth.required": "Missing or wrong metrics token, or none configured",
+    }),
     Route("GET", "/openapi.yaml", h.openapi_document, {
         "operationId": "openapi",
         "summary": "This API's OpenAPI document",
@@ -138,6 +132,22 @@ ROUTES: tuple[Route, ...] = (
 
 def dispatch(api: h.Api, keys: KeyRing, req: Request) -> Response:
     """Route, authenticate, call the handler; map every error to a problem response."""
+    try:
+        return _route(api, keys, req)
+    except ApiError as err:
+        return problem_of(err)
+    except DomainError as exc:
+        return problem_of(api_error_for(exc, instance=req.path))
+    except api.unavailable_errors:
+        api.on_store_error()
+        log.warning("store unavailable", extra={"event": "http.store_unavailable", "path": req.path})
+        return problem("service.unavailable", headers=(("Retry-After", "5"),))
+    except Exception:
+        log.exception("unhandled error", extra={"event": "http.internal_error", "path": req.path})
+        return problem("internal")
+
+
+def _route(api: h.Api, keys: KeyRing, req: Request) -> Response:
     allowed: list[str] = []
     for route in ROUTES:
         match = route.pattern.fullmatch(req.path)
@@ -150,18 +160,9 @@ def dispatch(api: h.Api, keys: KeyRing, req: Request) -> Response:
             token = bearer_token(req.headers.get("authorization"))
             owner = keys.owner_for(token) if token else None
             if owner is None:
-                return problem(401, "auth.required", headers=(("WWW-Authenticate", 'Bearer realm="importer"'),))
+                raise ApiError("auth.required", (("WWW-Authenticate", 'Bearer realm="importer"'),))
             req = replace(req, owner=owner)
-        req = replace(req, path_params=match.groupdict())
-        try:
-            return route.handler(api, req)
-        except api.unavailable_errors:
-            api.on_store_error()
-            log.warning("store unavailable", extra={"event": "http.store_unavailable", "path": route.template})
-            return problem(503, "service.unavailable", headers=(("Retry-After", "5"),))
-        except Exception:
-            log.exception("unhandled error", extra={"event": "http.internal_error", "path": route.template})
-            return problem(500, "internal")
+        return route.handler(api, replace(req, path_params=match.groupdict()))
     if allowed:
-        return problem(405, "request.method_not_allowed", headers=(("Allow", ", ".join(sorted(set(allowed)))),))
-    return problem(404, "request.not_found")
+        raise ApiError("request.method_not_allowed", (("Allow", ", ".join(sorted(set(allowed)))),))
+    raise ApiError("request.not_found")

@@ -83,7 +83,7 @@ def create_app(api: Api, keys: KeyRing) -> WsgiApp:
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         body = _read_body(environ, limit)
         if body is None:
-            response = problem(413, "request.too_large")
+            response = problem("request.too_large")
         else:
             response = dispatch(api, keys, request_from_environ(environ, body))
         return _respond(response, start_response)

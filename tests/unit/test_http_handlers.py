@@ -1,7 +1,7 @@
 """The HTTP API through the real WSGI app (handlers/wsgi.py), in process.
 
-No network and no Redis: the ports of :class:`importer.handlers.api.Api` are small
-typed fakes below (a dict-backed JobStore and a list-backed MessageSender).
+No network and no Redis: the ports of :class:`importer.handlers.api.Api` are the small
+typed fakes of tests/unit/fakes.py (a dict-backed JobStore and a list-backed MessageSender).
 Every call goes through ``wsgiref.validate.validator`` so the app is also
 checked against PEP 3333 on each request.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 from wsgiref.util import is_hop_by_hop, setup_testing_defaults
@@ -24,10 +24,10 @@ from importer.handlers.api import Api, Lifecycle
 from importer.handlers.auth import KeyRing, hash_key
 from importer.handlers.http import PROBLEM_TYPE_BASE
 from importer.handlers.wsgi import WsgiApp, body_limit, create_app
+from tests.unit.fakes import NOW_MS, CountingUuids, FakeSender, FakeStore, SentMessage, StoreDown
 
 KEY_A = "imp_test-key-for-owner-a"
 KEY_B = "imp_test-key-for-owner-b"
-NOW_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 MAX_UPLOAD_BYTES = 1024
 
 VALID_CSV = "sku,quantity\nWIDGET-RED-01,10\nGADGET-BLU-02,25\n"
@@ -38,100 +38,6 @@ STATUS_FIELDS = frozenset({
     "createdAt", "updatedAt", "startedAt", "finishedAt", "nextAttemptAt",
 })
 PROBLEM_MEMBERS = frozenset({"type", "title", "status", "detail", "code"})
-
-
-# -- fakes ------------------------------------------------------------------
-
-
-class StoreDown(Exception):
-    """The fake's "cannot reach the store" error (listed in Api.unavailable_errors)."""
-
-
-@dataclass
-class FakeOutcome:
-    """Same shape as importer.adapters.redis_store.EnqueueOutcome."""
-
-    kind: str  # 'created' | 'exists' | 'conflict' | 'rate_limited'
-    state: str
-    reason: str = ""
-    retry_after_ms: int = 0
-
-
-@dataclass
-class FakeStore:
-    """A JobStore keeping job records in a dict; ``failure`` makes every method raise it."""
-
-    jobs: dict[str, JobRecord] = field(default_factory=dict)
-    shipments: dict[str, ShipmentRecord] = field(default_factory=dict)
-    uploads: dict[str, bytes] = field(default_factory=dict)
-    marked_sent: list[str] = field(default_factory=list)
-    calls: list[str] = field(default_factory=list)
-    failure: BaseException | None = None
-
-    def _call(self, name: str) -> None:
-        self.calls.append(name)
-        if self.failure is not None:
-            raise self.failure
-
-    def enqueue(
-        self, *, job_id: str, batch_id: str, owner: str, content_sha256: str, upload_id: str, csv: bytes
-    ) -> FakeOutcome:
-        self._call("enqueue")
-        existing = self.jobs.get(job_id)
-        if existing is None:
-            self.jobs[job_id] = JobRecord(
-                id=job_id, batch_id=batch_id, owner=owner, state="waiting", attempt=0,
-                progress=None, result=None, error=None, created_at_ms=NOW_MS, updated_at_ms=NOW_MS,
-                content_sha256=content_sha256, upload_id=upload_id,
-            )
-            self.uploads[upload_id] = csv
-            return FakeOutcome("created", "waiting")
-        if existing.owner == owner and existing.content_sha256 == content_sha256:
-            return FakeOutcome("exists", existing.state)
-        return FakeOutcome("conflict", "", "owner" if existing.owner != owner else "content")
-
-    def mark_sent(self, job_id: str) -> None:
-        self._call("mark_sent")
-        self.marked_sent.append(job_id)
-
-    def get_job(self, job_id: str) -> JobRecord | None:
-        self._call("get_job")
-        return self.jobs.get(job_id)
-
-    def get_shipment(self, batch_id: str) -> ShipmentRecord | None:
-        self._call("get_shipment")
-        return self.shipments.get(batch_id)
-
-    def ping(self) -> bool:
-        self._call("ping")
-        return True
-
-
-@dataclass(frozen=True)
-class SentMessage:
-    job_id: str
-    batch_id: str
-    upload_id: str
-
-
-@dataclass
-class FakeSender:
-    """A MessageSender recording every message."""
-
-    sent: list[SentMessage] = field(default_factory=list)
-
-    def send(self, *, job_id: str, batch_id: str, upload_id: str) -> None:
-        self.sent.append(SentMessage(job_id, batch_id, upload_id))
-
-
-@dataclass
-class CountingUuids:
-    issued: list[str] = field(default_factory=list)
-
-    def __call__(self) -> str:
-        value = f"{len(self.issued) + 1:032x}"
-        self.issued.append(value)
-        return value
 
 
 class ExplodingStream:

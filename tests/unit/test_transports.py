@@ -24,18 +24,15 @@ from urllib.parse import unquote
 
 import pytest
 
-from importer.handlers import serverless
+from importer.adapters import lambda_entry as serverless_entry
 from importer.handlers.api import Api, Lifecycle
 from importer.handlers.auth import KeyRing, hash_key
 from importer.handlers.http import Request, Response, json_response, problem
 from importer.handlers.serverless import UnsupportedEvent, make_handler, to_event_response, to_request
 from importer.handlers.wsgi import body_limit, create_app
+from tests.unit.fakes import CountingUuids, FakeSender, FakeStore, StoreDown
 from tests.unit.test_http_handlers import (
-    CountingUuids,
-    FakeSender,
-    FakeStore,
     Result,
-    StoreDown,
     assert_problem,
     call_wsgi,
 )
@@ -304,7 +301,7 @@ def test_body_limit_boundary(limit: int, encoded: bool) -> None:
     over = to_request(event(limit + 1), limit=limit)
 
     assert isinstance(at_limit, Request) and at_limit.body == b"y" * limit
-    assert isinstance(over, Response) and over == problem(413, "request.too_large")
+    assert isinstance(over, Response) and over == problem("request.too_large")
 
 
 def test_text_body_limit_counts_utf8_bytes() -> None:
@@ -432,7 +429,7 @@ def test_other_bodies_are_sent_base64(content_type: str, body: bytes) -> None:
     "response",
     [
         json_response(202, {"jobId": "shipment-é"}),
-        problem(404, "job.not_found"),
+        problem("job.not_found"),
         Response(200, b"a: 1\n", (("Content-Type", "application/yaml"),)),
         Response(200, b"# HELP x\n", (("Content-Type", "text/plain; version=0.0.4; charset=utf-8"),)),
         Response(200, b"{}", (("Content-Type", "application/vnd.example+json"),)),
@@ -465,13 +462,13 @@ def test_empty_body_is_an_empty_text() -> None:
 # -- the deployment entry point -------------------------------------------------------------
 
 
-def test_importing_the_module_builds_and_imports_nothing_outside_handlers() -> None:
+def test_importing_the_lambda_entry_builds_and_connects_nothing() -> None:
     code = (
         "import sys\n"
-        "import importer.handlers.serverless as s\n"
+        "import importer.adapters.lambda_entry as s\n"
         "assert callable(s.handler) and s._deployed is None\n"
-        "outside = sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('adapters', 'redis', 'dramatiq', 'gunicorn', 'boto3', 'botocore', 'awslambdaric'))\n"
+        "outside = sorted(m for m in sys.modules if m in ('importer.adapters.bootstrap', 'importer.adapters.redis_store') or m.split('.')[0] in "
+        "('importer.adapters.bootstrap', 'redis', 'dramatiq', 'gunicorn', 'boto3', 'botocore', 'awslambdaric'))\n"
         "assert not outside, outside\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("IMPORTER_")}
@@ -491,13 +488,13 @@ def fresh_module_handler(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith("IMPORTER_"):
             monkeypatch.delenv(name)
-    monkeypatch.setattr(serverless, "_deployed", None)
+    monkeypatch.setattr(serverless_entry, "_deployed", None)
     monkeypatch.setattr(importer.adapters.logs, "configure_logging", lambda level="INFO": None)
 
 
 @dataclass
 class FakeHttpSide:
-    """What importer.handlers.serverless uses of importer.adapters.bootstrap.HttpSide."""
+    """What importer.adapters.lambda_entry uses of importer.adapters.bootstrap.HttpSide."""
 
     api: Api
 
@@ -519,7 +516,7 @@ def test_module_handler_builds_once_from_the_environment_and_reuses_it(monkeypat
     monkeypatch.setenv("IMPORTER_API_KEYS", f"owner-a:{hash_key(FIXTURE_KEY)}")
     assert built == []  # nothing built before the first invocation
 
-    answers = [serverless.handler(load_event(name), None)["statusCode"] for name in ("health.json", "enqueue-json.json", "status.json", "unauthorized.json")]
+    answers = [serverless_entry.handler(load_event(name), None)["statusCode"] for name in ("health.json", "enqueue-json.json", "status.json", "unauthorized.json")]
 
     assert answers == [200, 202, 200, 401]
     assert len(built) == 1
@@ -532,9 +529,9 @@ def test_module_handler_without_redis_url_fails_without_connecting_and_retries_l
     from importer.adapters.settings import SettingsError
 
     with pytest.raises(SettingsError, match="IMPORTER_REDIS_URL"):
-        serverless.handler(load_event("health.json"), None)
+        serverless_entry.handler(load_event("health.json"), None)
 
-    assert serverless._deployed is None
+    assert serverless_entry._deployed is None
 
 
 @pytest.mark.usefixtures("fresh_module_handler")
@@ -543,10 +540,10 @@ def test_module_handler_with_the_real_composition_root_and_no_redis_answers_503(
     monkeypatch.setenv("IMPORTER_REDIS_URL", "redis://127.0.0.1:1/0")
     monkeypatch.setenv("IMPORTER_API_KEYS", f"owner-a:{hash_key(FIXTURE_KEY)}")
     try:
-        health = serverless.handler(load_event("health.json"), None)
-        unauthorized = serverless.handler(load_event("unauthorized.json"), None)
+        health = serverless_entry.handler(load_event("health.json"), None)
+        unauthorized = serverless_entry.handler(load_event("unauthorized.json"), None)
     finally:
-        deployed = serverless._deployed
+        deployed = serverless_entry._deployed
         if deployed is not None:
             deployed.side.close()
 

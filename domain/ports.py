@@ -1,0 +1,96 @@
+"""The ports the two use cases drive, as ``typing.Protocol``s, and what they return.
+
+The Redis store (adapters/redis_store.py) and the dramatiq producer
+(adapters/queue.py) implement them; unit tests use the small fakes in
+tests/unit/fakes.py. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from importer.domain.errors import PublicError
+from importer.domain.shipment import Shipment
+
+
+@dataclass(frozen=True)
+class EnqueueOutcome:
+    """What recording a job did."""
+
+    kind: Literal["created", "exists", "conflict", "rate_limited"]
+    #: The job's state when it exists ('waiting' for a new one).
+    state: str = ""
+    retry_after_ms: int = 0
+
+
+@dataclass(frozen=True)
+class StartedAttempt:
+    """An attempt that started: its number and what it needs to run."""
+
+    attempt: int
+    batch_id: str
+    owner: str
+    content_sha256: str
+    csv: bytes
+
+
+@dataclass(frozen=True)
+class StartOutcome:
+    """What starting an attempt did; ``started`` is set only when kind is 'started'."""
+
+    kind: Literal["started", "missing", "stale", "finished", "exhausted", "upload_missing"]
+    attempt: int = 0
+    started: StartedAttempt | None = None
+    state: str = ""
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """What the atomic apply did to stock and to the job."""
+
+    kind: Literal["applied", "replayed", "conflict", "overflow", "finished", "missing"]
+    result: dict[str, Any] | None = None
+    detail: str = ""
+
+
+class JobRecorder(Protocol):
+    """Producer side of the store: records a job (once per jobId) with its upload."""
+
+    def enqueue(
+        self, *, job_id: str, batch_id: str, owner: str, content_sha256: str, upload_id: str, csv: bytes
+    ) -> EnqueueOutcome: ...
+
+    def mark_sent(self, job_id: str) -> None: ...
+
+
+class MessageSender(Protocol):
+    """Sends the versioned queue message of a recorded job."""
+
+    def send(self, *, job_id: str, batch_id: str, upload_id: str) -> None: ...
+
+
+class AttemptStore(Protocol):
+    """Worker side of the store: one atomic step per state transition of an attempt."""
+
+    def start_attempt(self, job_id: str, upload_id: str) -> StartOutcome: ...
+
+    def validated_and_apply(
+        self, *, job_id: str, upload_id: str, attempt: int, batch_id: str, owner: str, shipment: Shipment
+    ) -> ApplyResult: ...
+
+    def record_failure(
+        self, *, job_id: str, attempt: int | None, final: bool, error: PublicError, diagnostic: str,
+        next_attempt_at_ms: int | None,
+    ) -> str: ...
+
+
+class EventLog(Protocol):
+    """Where the use cases say what happened (JSON log lines in production)."""
+
+    def __call__(self, event: str, level: int = ..., **fields: Any) -> None: ...
+
+
+#: Called once an attempt has started, with (jobId, attempt).
+OnStarted = Callable[[str, int], None]

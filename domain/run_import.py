@@ -1,0 +1,97 @@
+"""Use case "run an import": contract check, start the attempt, validate, apply, record the outcome.
+
+The dramatiq actor hands the message body to
+:func:`run_import`. Read it top to bottom to follow one attempt; every store
+call is one atomic step (a Lua script in production).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from importer.domain.contract import decode_message, job_id_of
+from importer.domain.errors import CsvInvalid, DomainError, PublicError, public_error_for
+from importer.domain.ports import AttemptStore, EventLog, OnStarted
+from importer.domain.shipment import parse_shipment
+
+
+class PermanentImportFailure(DomainError):
+    """Raised once a permanent failure is recorded: the queue must not retry it."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def _ignore_started(job_id: str, attempt: int) -> None:
+    return None
+
+
+def run_import(
+    store: AttemptStore,
+    body: Any,
+    *,
+    accepted_versions: frozenset[int],
+    max_rows: int,
+    log: EventLog,
+    on_started: OnStarted = _ignore_started,
+) -> str:
+    """Run one attempt of the import a queue message names; returns what it did.
+
+    Returns 'applied' or 'replayed' (the done marker already held the result),
+    or the reason the attempt was skipped ('finished', 'stale', 'missing',
+    'exhausted': a duplicate or late delivery; the record already tells the
+    truth). Raises :class:`PermanentImportFailure` after recording a failure
+    that retrying cannot fix. Any other exception (the store unreachable, the
+    time limit) propagates to the queue, which retries the attempt.
+    """
+    try:
+        msg = decode_message(body, accepted_versions)
+    except DomainError as exc:
+        job_id = job_id_of(body)
+        log("import.rejected_message", logging.WARNING, jobId=job_id, code=exc.code)
+        if job_id:
+            store.record_failure(
+                job_id=job_id, attempt=None, final=True, error=public_error_for(exc),
+                diagnostic=f"{type(exc).__name__}: {exc.detail}", next_attempt_at_ms=None,
+            )
+        raise PermanentImportFailure(exc.code) from None
+
+    ctx: dict[str, Any] = {"jobId": msg.job_id, "batchId": msg.batch_id}
+    outcome = store.start_attempt(msg.job_id, msg.upload_id)
+    if outcome.kind == "upload_missing":
+        store.record_failure(
+            job_id=msg.job_id, attempt=outcome.attempt, final=True,
+            error=PublicError.from_code("import.upload_missing"), diagnostic="upload key missing",
+            next_attempt_at_ms=None,
+        )
+        raise PermanentImportFailure("import.upload_missing")
+    if outcome.kind != "started" or outcome.started is None:
+        log("import.skipped", reason=outcome.kind, state=outcome.state, **ctx)
+        return outcome.kind
+    started = outcome.started
+    ctx.update(owner=started.owner, attempt=started.attempt)
+    on_started(msg.job_id, started.attempt)
+    log("import.started", logging.DEBUG, **ctx)
+
+    parsed = parse_shipment(started.csv, max_rows=max_rows)
+    if isinstance(parsed, CsvInvalid):
+        store.record_failure(
+            job_id=msg.job_id, attempt=started.attempt, final=True, error=public_error_for(parsed),
+            diagnostic=f"{len(parsed.issues)} CSV issue(s), first {parsed.code}", next_attempt_at_ms=None,
+        )
+        log("import.failed", code=parsed.code, issues=len(parsed.issues), **ctx)
+        raise PermanentImportFailure(parsed.code)
+
+    applied = store.validated_and_apply(
+        job_id=msg.job_id, upload_id=msg.upload_id, attempt=started.attempt,
+        batch_id=msg.batch_id, owner=started.owner, shipment=parsed,
+    )
+    if applied.kind in ("conflict", "overflow"):
+        # The apply script recorded the failure in the same atomic step.
+        code = "batch.conflict" if applied.kind == "conflict" else "stock.overflow"
+        log("import.failed", code=code, **ctx)
+        raise PermanentImportFailure(code)
+    log("import." + applied.kind, rows=parsed.row_count, **ctx)
+    return applied.kind

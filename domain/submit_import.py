@@ -1,0 +1,48 @@
+"""Use case "take an upload": content identity, record the job once, send its message.
+
+Called by every producer: the HTTP and serverless handlers, the CLI's tools
+and the bench. It raises :class:`RateLimited` or :class:`BatchConflict`; the
+transport maps their codes to answers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from importer.domain.errors import BatchConflict, RateLimited
+from importer.domain.ports import JobRecorder, MessageSender
+from importer.domain.shipment import content_key, job_id_for
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A job exists for the batch (new, or the one already recorded)."""
+
+    job_id: str
+    batch_id: str
+    state: str
+
+
+def submit_import(
+    recorder: JobRecorder, sender: MessageSender, *, owner: str, batch_id: str, csv: bytes, upload_id: str, max_rows: int
+) -> Accepted:
+    """Record the job of ``batch_id`` (once) and send its message.
+
+    A job whose record exists is returned as it is and nothing is sent again.
+    The message is sent after the record exists; a producer that dies in
+    between leaves the job in the store's *unsent* index, which the workers'
+    sweeper sends later.
+    """
+    job_id = job_id_for(batch_id)
+    outcome = recorder.enqueue(
+        job_id=job_id, batch_id=batch_id, owner=owner,
+        content_sha256=content_key(csv, max_rows), upload_id=upload_id, csv=csv,
+    )
+    if outcome.kind == "rate_limited":
+        raise RateLimited(max(1, -(-outcome.retry_after_ms // 1000)))
+    if outcome.kind == "conflict":
+        raise BatchConflict()
+    if outcome.kind == "created":
+        sender.send(job_id=job_id, batch_id=batch_id, upload_id=upload_id)
+        recorder.mark_sent(job_id)
+    return Accepted(job_id, batch_id, outcome.state)

@@ -1,0 +1,66 @@
+"""Errors as answers, in one place: the HTTP status of every stable code.
+
+Handlers raise :class:`ApiError` (or let a domain error propagate);
+:func:`problem_for` turns either into an RFC 9457 problem response, and the
+OpenAPI document derives each operation's error responses from the same
+table, so the code, the status and the spec cannot disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from importer.domain.errors import DomainError
+
+#: code -> HTTP status. A code missing here is a 500 (and a bug).
+HTTP_STATUS: dict[str, int] = {
+    "request.bad_json": 400,
+    "auth.required": 401,
+    "request.not_found": 404,
+    "job.not_found": 404,
+    "shipment.not_found": 404,
+    "request.method_not_allowed": 405,
+    "batch.conflict": 409,
+    "request.too_large": 413,
+    "request.unsupported_media_type": 415,
+    "request.invalid": 422,
+    "request.rate_limited": 429,
+    "internal": 500,
+    "service.unavailable": 503,
+}
+
+#: Response headers that come with a code (documented in the OpenAPI document).
+HEADERS_OF: dict[str, dict[str, str]] = {
+    "auth.required": {"WWW-Authenticate": "The authentication scheme (Bearer)."},
+    "request.method_not_allowed": {"Allow": "The methods of this path."},
+    "request.rate_limited": {"Retry-After": "Seconds to wait."},
+    "service.unavailable": {"Retry-After": "Seconds to wait."},
+}
+
+
+@dataclass
+class ApiError(Exception):
+    """A request refused with a stable code; ``extra`` members go into the problem document."""
+
+    code: str
+    headers: tuple[tuple[str, str], ...] = ()
+    extra: dict[str, Any] | None = None
+    #: The request path, for answers about what was sent (RFC 9457 ``instance``).
+    instance: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__(self.code)
+
+
+def status_of(code: str) -> int:
+    return HTTP_STATUS.get(code, 500)
+
+
+def api_error_for(exc: DomainError, *, instance: str | None = None) -> ApiError:
+    """The answer to a domain error a use case raised (e.g. batch.conflict, request.rate_limited)."""
+    retry_after = getattr(exc, "retry_after_s", None)
+    headers = (("Retry-After", str(retry_after)),) if retry_after is not None else ()
+    if exc.code not in HTTP_STATUS:
+        return ApiError("internal")
+    return ApiError(exc.code, headers, instance=instance)

@@ -1,0 +1,142 @@
+"""Small typed fakes of the ports, for unit tests of the handlers and use cases.
+
+A dict-backed JobStore and a list-backed MessageSender; no mocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from importer.domain.jobs import JobRecord, ShipmentRecord
+from importer.domain.errors import PublicError
+from importer.domain.ports import ApplyResult, EnqueueOutcome, StartedAttempt, StartOutcome
+from importer.domain.shipment import Shipment
+
+NOW_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+
+
+class StoreDown(Exception):
+    """The fake's "cannot reach the store" error (listed in Api.unavailable_errors)."""
+
+
+@dataclass
+class FakeStore:
+    """A JobStore keeping job records in a dict; ``failure`` makes every method raise it."""
+
+    jobs: dict[str, JobRecord] = field(default_factory=dict)
+    shipments: dict[str, ShipmentRecord] = field(default_factory=dict)
+    uploads: dict[str, bytes] = field(default_factory=dict)
+    marked_sent: list[str] = field(default_factory=list)
+    calls: list[str] = field(default_factory=list)
+    failure: BaseException | None = None
+
+    def _call(self, name: str) -> None:
+        self.calls.append(name)
+        if self.failure is not None:
+            raise self.failure
+
+    def enqueue(
+        self, *, job_id: str, batch_id: str, owner: str, content_sha256: str, upload_id: str, csv: bytes
+    ) -> EnqueueOutcome:
+        self._call("enqueue")
+        existing = self.jobs.get(job_id)
+        if existing is None:
+            self.jobs[job_id] = JobRecord(
+                id=job_id, batch_id=batch_id, owner=owner, state="waiting", attempt=0,
+                progress=None, result=None, error=None, created_at_ms=NOW_MS, updated_at_ms=NOW_MS,
+                content_sha256=content_sha256, upload_id=upload_id,
+            )
+            self.uploads[upload_id] = csv
+            return EnqueueOutcome("created", "waiting")
+        if existing.owner == owner and existing.content_sha256 == content_sha256:
+            return EnqueueOutcome("exists", existing.state)
+        return EnqueueOutcome("conflict")
+
+    def mark_sent(self, job_id: str) -> None:
+        self._call("mark_sent")
+        self.marked_sent.append(job_id)
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        self._call("get_job")
+        return self.jobs.get(job_id)
+
+    def get_shipment(self, batch_id: str) -> ShipmentRecord | None:
+        self._call("get_shipment")
+        return self.shipments.get(batch_id)
+
+    def ping(self) -> bool:
+        self._call("ping")
+        return True
+
+
+@dataclass(frozen=True)
+class SentMessage:
+    job_id: str
+    batch_id: str
+    upload_id: str
+
+
+@dataclass
+class FakeSender:
+    """A MessageSender recording every message."""
+
+    sent: list[SentMessage] = field(default_factory=list)
+
+    def send(self, *, job_id: str, batch_id: str, upload_id: str) -> None:
+        self.sent.append(SentMessage(job_id, batch_id, upload_id))
+
+
+@dataclass
+class CountingUuids:
+    issued: list[str] = field(default_factory=list)
+
+    def __call__(self) -> str:
+        value = f"{len(self.issued) + 1:032x}"
+        self.issued.append(value)
+        return value
+
+
+@dataclass
+class FakeAttemptStore:
+    """The worker side of the store over one job: counts attempts, records outcomes."""
+
+    csv: bytes
+    batch_id: str = "b-1"
+    owner: str = "owner-a"
+    state: str = "waiting"
+    attempt: int = 0
+    applied: list[str] = field(default_factory=list)
+    failures: list[tuple[str, bool]] = field(default_factory=list)
+
+    def start_attempt(self, job_id: str, upload_id: str) -> StartOutcome:
+        if self.state in ("completed", "failed"):
+            return StartOutcome("finished", state=self.state)
+        self.attempt += 1
+        self.state = "active"
+        return StartOutcome("started", self.attempt, StartedAttempt(self.attempt, self.batch_id, self.owner, "", self.csv))
+
+    def validated_and_apply(
+        self, *, job_id: str, upload_id: str, attempt: int, batch_id: str, owner: str, shipment: Shipment
+    ) -> ApplyResult:
+        kind = "replayed" if batch_id in self.applied else "applied"
+        self.applied.append(batch_id)
+        self.state = "completed"
+        return ApplyResult(kind, {"imported": shipment.row_count, "batchId": batch_id})  # type: ignore[arg-type]
+
+    def record_failure(
+        self, *, job_id: str, attempt: int | None, final: bool, error: PublicError, diagnostic: str,
+        next_attempt_at_ms: int | None,
+    ) -> str:
+        self.failures.append((error.code, final))
+        self.state = "failed" if final else "retrying"
+        return self.state
+
+
+@dataclass
+class EventRecorder:
+    """An EventLog keeping (event, fields) pairs."""
+
+    events: list[tuple[str, dict[str, object]]] = field(default_factory=list)
+
+    def __call__(self, event: str, level: int = 20, **fields: object) -> None:
+        self.events.append((event, fields))

@@ -1,0 +1,91 @@
+"""The two use cases over small fakes of their ports: submit_import and run_import."""
+
+from __future__ import annotations
+
+import pytest
+
+from importer.domain.contract import encode_message
+from importer.domain.run_import import PermanentImportFailure, run_import
+from importer.domain.errors import BatchConflict, RateLimited
+from importer.domain.submit_import import submit_import
+from importer.domain.ports import EnqueueOutcome
+from tests.unit.fakes import EventRecorder, FakeAttemptStore, FakeSender, FakeStore
+
+CSV = b"sku,quantity\nA-1,3\nB-2,4\n"
+UPLOAD = "0" * 32
+
+
+def submit(store: FakeStore, sender: FakeSender, *, owner: str = "owner-a", batch_id: str = "b-1", csv: bytes = CSV) -> object:
+    return submit_import(store, sender, owner=owner, batch_id=batch_id, csv=csv, upload_id=UPLOAD, max_rows=100)
+
+
+def test_submit_records_then_sends_then_marks_sent_once() -> None:
+    store, sender = FakeStore(), FakeSender()
+
+    first = submit(store, sender)
+    again = submit(store, sender, csv=b"sku,quantity\r\nB-2,4\r\nA-1,3\r\n")  # same rows, other order and endings
+
+    assert (first.job_id, first.state) == ("shipment-b-1", "waiting")  # type: ignore[attr-defined]
+    assert again == first
+    assert [m.job_id for m in sender.sent] == ["shipment-b-1"]
+    assert store.calls == ["enqueue", "mark_sent", "enqueue"]
+
+
+def test_submit_refuses_other_content_and_other_owners_alike() -> None:
+    store, sender = FakeStore(), FakeSender()
+    submit(store, sender)
+
+    with pytest.raises(BatchConflict) as other_content:
+        submit(store, sender, csv=b"sku,quantity\nA-1,5\n")
+    with pytest.raises(BatchConflict) as other_owner:
+        submit(store, sender, owner="owner-b")
+
+    assert other_content.value.code == other_owner.value.code == "batch.conflict"
+    assert len(sender.sent) == 1
+
+
+def test_submit_rate_limited_rounds_the_wait_up_to_whole_seconds() -> None:
+    class Limited(FakeStore):
+        def enqueue(self, **kwargs: object) -> EnqueueOutcome:  # type: ignore[override]
+            return EnqueueOutcome("rate_limited", retry_after_ms=1200)
+
+    sender = FakeSender()
+    with pytest.raises(RateLimited) as refused:
+        submit(Limited(), sender)
+
+    assert refused.value.retry_after_s == 2 and refused.value.code == "request.rate_limited"
+    assert sender.sent == []
+
+
+def test_run_applies_once_and_skips_a_redelivery() -> None:
+    store, log = FakeAttemptStore(CSV), EventRecorder()
+    body = encode_message("shipment-b-1", "b-1", UPLOAD)
+    started: list[tuple[str, int]] = []
+
+    first = run_import(store, body, accepted_versions=frozenset({1}), max_rows=100, log=log, on_started=lambda j, a: started.append((j, a)))
+    second = run_import(store, body, accepted_versions=frozenset({1}), max_rows=100, log=log)
+
+    assert (first, second) == ("applied", "finished")
+    assert store.applied == ["b-1"] and started == [("shipment-b-1", 1)]
+    assert [e for e, _ in log.events] == ["import.started", "import.applied", "import.skipped"]
+
+
+def test_run_fails_invalid_csv_permanently_with_the_first_issue_code() -> None:
+    store = FakeAttemptStore(b"sku,quantity\nA-1,abc\n")
+
+    with pytest.raises(PermanentImportFailure) as failed:
+        run_import(store, encode_message("shipment-b-1", "b-1", UPLOAD), accepted_versions=frozenset({1}), max_rows=100, log=EventRecorder())
+
+    assert failed.value.code == "csv.bad_quantity"
+    assert store.failures == [("csv.bad_quantity", True)] and store.applied == []
+
+
+def test_run_fails_an_unsupported_version_without_starting() -> None:
+    store = FakeAttemptStore(CSV)
+    body = {**encode_message("shipment-b-1", "b-1", UPLOAD), "version": 2}
+
+    with pytest.raises(PermanentImportFailure) as failed:
+        run_import(store, body, accepted_versions=frozenset({1}), max_rows=100, log=EventRecorder())
+
+    assert failed.value.code == "contract.unsupported_version"
+    assert store.attempt == 0 and store.failures == [("contract.unsupported_version", True)]
