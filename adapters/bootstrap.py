@@ -109,9 +109,9 @@ def build_worker(settings: Settings) -> dramatiq.Broker:
     runner = ImportRunner(attempts, settings)
     middleware = [AttemptRecorder(runner, settings), UnsentSweeper(store, settings), CloseConnections(client)]
     if settings.worker_metrics_port:
-        from dramatiq.middleware.prometheus import Prometheus
+        from importer.adapters.worker_metrics import WorkerPrometheus
 
-        middleware.append(Prometheus())
+        middleware.append(WorkerPrometheus())
     broker = build_broker(settings, client, worker_middleware=middleware)
     declare_import_actor(broker, runner, settings)
     return broker

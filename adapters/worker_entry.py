@@ -9,16 +9,19 @@ import signal
 from importer.adapters.bootstrap import build_worker
 from importer.adapters.logs import configure_logging
 from importer.adapters.settings import Settings
-from importer.adapters.signals import StopOnce
+from importer.adapters.signals import StopOnce, on_parent_death
 
 configure_logging()
 broker = build_worker(Settings.from_env())
 
 # dramatiq's worker process kills itself (exit 1) on a second SIGTERM, which
 # would cut in-flight imports short. Keep its first-signal behaviour (stop
-# fetching, finish in flight within --worker-shutdown-timeout, then close)
-# and make every later signal a no-op.
+# fetching, finish in flight within --worker-shutdown-timeout, give back the
+# prefetched messages, then close) and make every later signal a no-op.
 _dramatiq_termhandler = signal.getsignal(signal.SIGTERM)
 if callable(_dramatiq_termhandler):
     _once = StopOnce(lambda signum: _dramatiq_termhandler(signum, None), name="worker")  # type: ignore[misc]
     _once.install(signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else []))
+    # dramatiq's main process supervises this one. If it dies (SIGKILL, OOM
+    # killer), nobody would ever stop this process: stop as on SIGTERM.
+    on_parent_death(lambda: _once(signal.SIGTERM), name="worker")
