@@ -1,4 +1,7 @@
-"""Settings, read from the environment in one place (``Settings.from_env``).
+"""Settings, read from the environment in one place: ``Settings.from_env`` for
+the service, ``ClientSettings`` for ``importer submit``/``status``,
+``DevSettings`` for ``importer dev``, and ``child_env`` for the environment a
+command hands to the processes it starts.
 
 Every variable is documented in README.md ("Configuration").
 """
@@ -49,6 +52,10 @@ def _versions(env: Mapping[str, str], name: str, default: frozenset[int]) -> fro
         return frozenset(int(v) for v in raw.split(",") if v.strip())
     except ValueError:
         raise SettingsError(f"{name} must be a comma-separated list of integers, got {raw!r}") from None
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "").lower() in ("1", "true", "yes")
 
 
 def _api_keys(env: Mapping[str, str]) -> str:
@@ -117,6 +124,8 @@ class Settings:
     metrics_token: str = ""
     #: Port of dramatiq's Prometheus exporter in `importer worker` (0 = off).
     worker_metrics_port: int = 0
+    #: Address `importer serve` listens on unless --bind says otherwise.
+    http_bind: str = "127.0.0.1:8080"
     #: Test-only fault injection, e.g. "after_apply:5" (sleep 5 s there) or
     #: "before_send:crash" (kill the process there). Never set in production.
     fault: str = ""
@@ -149,9 +158,10 @@ class Settings:
             api_keys=_api_keys(env),
             rate_limit=_int(env, "IMPORTER_RATE_LIMIT", cls.rate_limit),
             rate_window_s=_float(env, "IMPORTER_RATE_WINDOW", cls.rate_window_s),
-            allow_eviction=env.get("IMPORTER_ALLOW_EVICTION", "").lower() in ("1", "true", "yes"),
+            allow_eviction=_flag(env, "IMPORTER_ALLOW_EVICTION"),
             metrics_token=env.get("IMPORTER_METRICS_TOKEN", ""),
             worker_metrics_port=_int(env, "IMPORTER_WORKER_METRICS_PORT", 0),
+            http_bind=env.get("IMPORTER_HTTP_BIND") or cls.http_bind,
         )
         settings.check()
         return settings
@@ -170,3 +180,66 @@ class Settings:
             raise SettingsError("IMPORTER_BROKER_URL must be a redis://, rediss://, unix://, amqp:// or amqps:// URL")
         if self.max_attempts < 1:
             raise SettingsError("max_attempts must be >= 1")
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """What the HTTP client commands (``importer submit``/``status``) need."""
+
+    #: The API's base URL (IMPORTER_URL).
+    url: str = "http://127.0.0.1:8080"
+    #: The producer's API key (IMPORTER_API_KEY); empty = not set.
+    api_key: str = ""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "ClientSettings":
+        env = os.environ if env is None else env
+        return cls(url=env.get("IMPORTER_URL") or cls.url, api_key=env.get("IMPORTER_API_KEY", ""))
+
+    def require_key(self) -> str:
+        if not self.api_key:
+            raise SettingsError("IMPORTER_API_KEY is not set (the producer's API key; see `importer keys create`)")
+        return self.api_key
+
+
+@dataclass(frozen=True)
+class DevSettings:
+    """What ``importer dev`` decides before it starts its processes (which
+    then read ``Settings`` themselves, from the environment it gives them)."""
+
+    #: None: start the embedded server.
+    redis_url: str | None = None
+    #: The embedded server's data directory (IMPORTER_DATA_DIR).
+    data_dir: str = ".importer-data"
+    #: IMPORTER_API_KEY: shown, and used by --demo, when the keys are given.
+    api_key: str = ""
+    #: IMPORTER_API_KEYS or IMPORTER_API_KEYS_FILE is set: no key is made up.
+    api_keys_given: bool = False
+    metrics_token: str = ""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "DevSettings":
+        env = os.environ if env is None else env
+        return cls(
+            redis_url=env.get("IMPORTER_REDIS_URL") or None,
+            data_dir=env.get("IMPORTER_DATA_DIR") or cls.data_dir,
+            api_key=env.get("IMPORTER_API_KEY", ""),
+            api_keys_given=bool(env.get("IMPORTER_API_KEYS") or env.get("IMPORTER_API_KEYS_FILE")),
+            metrics_token=env.get("IMPORTER_METRICS_TOKEN", ""),
+        )
+
+
+def child_env(
+    overrides: Mapping[str, str] | None = None,
+    *,
+    defaults: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The environment for a process a command starts: this process's own
+    (or ``env``), plus ``defaults`` where a variable is unset, then
+    ``overrides``. This process's environment is never changed."""
+    out = dict(os.environ if env is None else env)
+    for name, value in (defaults or {}).items():
+        out.setdefault(name, value)
+    out.update(overrides or {})
+    return out

@@ -1,0 +1,211 @@
+"""``importer serve``, ``worker``, ``events`` and ``dev``: the long-running
+processes (Redis checked first), and ``dev``, which starts all of them locally."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from importer.adapters.cli_client import http_json
+from importer.adapters.settings import DevSettings, Settings, child_env
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO_FIXTURE = ROOT / "fixtures" / "shipment-a-2026.csv"
+
+
+def _check_redis(args: argparse.Namespace, process: str) -> Settings:
+    """Settings and the Redis guard, in the parent process, before anything forks."""
+    from importer.adapters.bootstrap import redis_client
+    from importer.adapters.logs import configure_logging
+    from importer.adapters.redis_guard import guard
+
+    configure_logging()
+    settings = Settings.from_env()
+    if getattr(args, "allow_eviction", False):
+        settings = dataclasses.replace(settings, allow_eviction=True)
+    client = redis_client(settings)
+    try:
+        guard(client, allow_eviction=settings.allow_eviction, process=process)
+    finally:
+        client.close()
+    return settings
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from importer.adapters.http_server import serve
+
+    settings = _check_redis(args, "http")
+    serve(args.bind or settings.http_bind, args.workers, args.threads, args.timeout, args.graceful_timeout)
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    settings = _check_redis(args, "worker")
+    argv = [
+        sys.executable, "-m", "dramatiq", "importer.adapters.worker_entry:broker",
+        "--processes", str(args.processes), "--threads", str(args.threads),
+        "--worker-shutdown-timeout", str(int(settings.worker_shutdown_timeout_s * 1000)),
+        "--skip-logging", "--path", str(ROOT),
+    ]
+    overrides: dict[str, str] = {}
+    defaults: dict[str, str] = {}
+    if settings.allow_eviction:
+        overrides["IMPORTER_ALLOW_EVICTION"] = "1"
+    # dramatiq prefetches 2 x threads messages by default; see README (Performance).
+    if args.prefetch:
+        overrides["dramatiq_queue_prefetch"] = str(args.prefetch)
+    metrics_port = settings.worker_metrics_port if args.metrics_port is None else args.metrics_port
+    # The worker processes read it (Settings) to add the Prometheus middleware.
+    overrides["IMPORTER_WORKER_METRICS_PORT"] = str(metrics_port)
+    if metrics_port:
+        # dramatiq's Prometheus middleware: one exporter per host for all the
+        # worker processes (multiprocess mode), on loopback unless told otherwise.
+        overrides["dramatiq_prom_port"] = str(metrics_port)
+        defaults["dramatiq_prom_host"] = "127.0.0.1"
+        defaults["dramatiq_prom_db"] = os.path.join(tempfile.gettempdir(), f"importer-prometheus-{metrics_port}")
+    # dramatiq's main process supervises the worker processes; each of them
+    # stops by itself if that process dies (adapters/worker_entry.py).
+    os.execve(sys.executable, argv, child_env(overrides, defaults=defaults))
+    return 0  # not reached
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    """The observer: one line per job event from every worker, until SIGINT/SIGTERM."""
+    from importer.adapters.bootstrap import redis_client
+    from importer.adapters.logs import configure_logging
+    from importer.adapters.observer import EventsObserver
+    from importer.adapters.redis_store import Keys
+    from importer.adapters.signals import StopOnce
+
+    configure_logging()
+    settings = Settings.from_env()
+    stop = StopOnce(name="events").install()
+    observer = EventsObserver(
+        redis_client(settings), Keys(settings.key_prefix).events, sys.stdout, as_json=args.json, start=args.start
+    )
+    return observer.run(stop.event)
+
+
+# -- importer dev ------------------------------------------------------------------
+
+
+def _wait_healthy(url: str, procs: list[subprocess.Popen[bytes]], timeout: float = 60) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in procs):
+            return False
+        try:
+            status, _ = http_json("GET", f"{url}/health", None)
+            if status == 200:
+                return True
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def run_demo(url: str, key: str, fixture: Path = DEMO_FIXTURE) -> int:
+    batch_id = fixture.stem
+    print(f"demo: POST {fixture.name} as batch {batch_id}", flush=True)
+    status, body = http_json("POST", f"{url}/api/imports?batchId={batch_id}", key, fixture.read_bytes(), "text/csv")
+    print(f"demo: {status} {json.dumps(body)}", flush=True)
+    if status != 202:
+        return 1
+    job_url = f"{url}/api/imports/{body['jobId']}"
+    last = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        status, record = http_json("GET", job_url, key)
+        shown = {k: record.get(k) for k in ("id", "state", "progress", "result", "error")} if status == 200 else record
+        if shown != last:
+            print(f"demo: GET {job_url} -> {status} {json.dumps(shown)}", flush=True)
+            last = shown
+        if status == 200 and record["state"] in ("completed", "failed"):
+            return 0 if record["state"] == "completed" else 1
+        time.sleep(0.1)
+    print("demo: the import did not finish within 60 s", flush=True)
+    return 1
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    from importer.adapters.embedded_redis import EmbeddedRedis
+    from importer.handlers.auth import hash_key, new_key
+
+    dev = DevSettings.from_env()
+    overrides: dict[str, str] = {}
+    embedded = None
+    if not dev.redis_url:
+        embedded = EmbeddedRedis(Path(dev.data_dir).resolve())
+        overrides["IMPORTER_REDIS_URL"] = embedded.start()
+        print(f"dev: embedded Redis-compatible server (valkey) at {embedded.url}, data in {embedded.data_dir}", flush=True)
+    key = dev.api_key
+    if not dev.api_keys_given:
+        key = new_key()
+        overrides["IMPORTER_API_KEYS"] = f"local:{hash_key(key)}"
+    metrics_token = dev.metrics_token or secrets.token_urlsafe(16)
+    overrides["IMPORTER_METRICS_TOKEN"] = metrics_token
+    env = child_env(overrides)
+    url = f"http://127.0.0.1:{args.port}"
+    me = [sys.executable, "-m", "importer.adapters.cli"]
+    # Own sessions: Ctrl-C reaches only this process, which then stops each
+    # child exactly once (a second signal would not start a second shutdown,
+    # but one clean signal is clearer).
+    procs = [
+        subprocess.Popen(me + ["events"], env=env, start_new_session=True),
+        subprocess.Popen(me + ["worker", "--processes", "1", "--threads", "8"], env=env, start_new_session=True),
+        subprocess.Popen(me + ["serve", "--bind", f"127.0.0.1:{args.port}", "--workers", "1"], env=env, start_new_session=True),
+    ]
+    stopping = {"flag": False}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stopping["flag"] = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    rc = 0
+    try:
+        if not _wait_healthy(url, procs):
+            print("dev: the HTTP server did not become healthy", file=sys.stderr)
+            rc = 1
+        else:
+            print(f"dev: HTTP on {url} (GET {url}/health, {url}/openapi.yaml), worker running", flush=True)
+            if key:
+                print(f"dev: API key: {key}", flush=True)
+                print(
+                    f"dev: try: curl -s -H 'Authorization: Bearer {key}' -H 'Content-Type: text/csv' "
+                    f"--data-binary @fixtures/shipment-a-2026.csv '{url}/api/imports?batchId=shipment-a-2026'",
+                    flush=True,
+                )
+            print(f"dev: metrics: curl -s -H 'Authorization: Bearer {metrics_token}' {url}/metrics", flush=True)
+            if args.demo:
+                rc = run_demo(url, key)
+                time.sleep(1.5)  # let the observer print the last events
+            else:
+                print("dev: press Ctrl-C to stop", flush=True)
+                while not stopping["flag"] and all(p.poll() is None for p in procs):
+                    time.sleep(0.2)
+    finally:
+        print("dev: stopping (each process finishes what it is doing)", flush=True)
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                rc = rc or 1
+        if embedded is not None:
+            embedded.stop()
+        print("dev: stopped", flush=True)
+    return rc

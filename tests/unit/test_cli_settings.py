@@ -1,0 +1,51 @@
+"""The CLI reads its configuration through the settings module only, and hands
+its children an explicit environment instead of changing its own."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from importer.adapters.cli import build_parser
+from importer.adapters.settings import ClientSettings, DevSettings, Settings, SettingsError, child_env
+
+
+def test_the_http_bind_and_the_worker_metrics_port_are_settings() -> None:
+    assert Settings.from_env({}).http_bind == "127.0.0.1:8080"
+    settings = Settings.from_env({"IMPORTER_HTTP_BIND": "0.0.0.0:9000", "IMPORTER_WORKER_METRICS_PORT": "9191"})
+    assert (settings.http_bind, settings.worker_metrics_port) == ("0.0.0.0:9000", 9191)
+    with pytest.raises(SettingsError, match="IMPORTER_WORKER_METRICS_PORT"):
+        Settings.from_env({"IMPORTER_WORKER_METRICS_PORT": "nine"})
+
+
+def test_the_client_settings_need_a_key_and_default_to_the_local_server() -> None:
+    client = ClientSettings.from_env({})
+    assert client.url == "http://127.0.0.1:8080"
+    with pytest.raises(SettingsError, match="IMPORTER_API_KEY is not set"):
+        client.require_key()
+    client = ClientSettings.from_env({"IMPORTER_URL": "https://imports.example", "IMPORTER_API_KEY": "imp_x"})
+    assert (client.url, client.require_key()) == ("https://imports.example", "imp_x")
+
+
+def test_the_dev_settings() -> None:
+    assert DevSettings.from_env({}) == DevSettings(redis_url=None, data_dir=".importer-data", api_keys_given=False)
+    dev = DevSettings.from_env({"IMPORTER_API_KEYS_FILE": "/etc/keys", "IMPORTER_REDIS_URL": "redis://r:6379/0"})
+    assert dev.api_keys_given and dev.redis_url == "redis://r:6379/0"
+
+
+def test_child_env_adds_defaults_and_overrides_without_touching_this_process() -> None:
+    before = dict(os.environ)
+    env = child_env({"A": "over"}, defaults={"B": "default", "C": "default"}, env={"A": "mine", "C": "mine"})
+    assert env == {"A": "over", "B": "default", "C": "mine"}
+    inherited = child_env({"IMPORTER_ALLOW_EVICTION": "1"})
+    assert inherited["IMPORTER_ALLOW_EVICTION"] == "1"
+    assert dict(os.environ) == before
+
+
+def test_the_parser_leaves_environment_defaults_to_the_settings() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["serve"]).bind is None
+    assert parser.parse_args(["worker"]).metrics_port is None
+    assert parser.parse_args(["submit", "f.csv", "--batch-id", "b"]).url is None
+    assert parser.parse_args(["worker", "--metrics-port", "0"]).metrics_port == 0
