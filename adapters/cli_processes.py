@@ -21,6 +21,9 @@ from importer.adapters.settings import DevSettings, Settings, child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_FIXTURE = ROOT / "fixtures" / "shipment-a-2026.csv"
+#: The same file's bytes, for an installed package (pip install .), which
+#: carries no fixtures/ folder; tests/unit/test_cli_settings.py keeps them equal.
+DEMO_CSV = b"sku,quantity\nWIDGET-RED-01,10\nGADGET-BLU-02,25\nSPROCKET-07,5\n"
 
 
 def _check_redis(args: argparse.Namespace, process: str) -> Settings:
@@ -117,7 +120,8 @@ def _wait_healthy(url: str, procs: list[subprocess.Popen[bytes]], timeout: float
 def run_demo(url: str, key: str, fixture: Path = DEMO_FIXTURE) -> int:
     batch_id = fixture.stem
     print(f"demo: POST {fixture.name} as batch {batch_id}", flush=True)
-    status, body = http_json("POST", f"{url}/api/imports?batchId={batch_id}", key, fixture.read_bytes(), "text/csv")
+    csv = fixture.read_bytes() if fixture.exists() else DEMO_CSV
+    status, body = http_json("POST", f"{url}/api/imports?batchId={batch_id}", key, csv, "text/csv")
     print(f"demo: {status} {json.dumps(body)}", flush=True)
     if status != 202:
         return 1

@@ -49,3 +49,9 @@ def test_the_parser_leaves_environment_defaults_to_the_settings() -> None:
     assert parser.parse_args(["worker"]).metrics_port is None
     assert parser.parse_args(["submit", "f.csv", "--batch-id", "b"]).url is None
     assert parser.parse_args(["worker", "--metrics-port", "0"]).metrics_port == 0
+
+
+def test_the_demo_csv_of_an_installed_package_is_the_fixture() -> None:
+    from importer.adapters.cli_processes import DEMO_CSV, DEMO_FIXTURE
+
+    assert DEMO_FIXTURE.read_bytes() == DEMO_CSV
