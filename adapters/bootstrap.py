@@ -30,6 +30,7 @@ from importer.adapters.settings import Settings, SettingsError
 from importer.domain.ports import AttemptStore, MessageSender
 from importer.handlers.api import Api
 from importer.handlers.auth import KeyRing
+from importer.handlers.event_stream import EventStreams
 from importer.handlers.openapi import spec_yaml
 from importer.handlers.wsgi import WsgiApp, create_app
 
@@ -90,6 +91,11 @@ def build_http(settings: Settings) -> HttpSide:
         metrics=metrics.render,
         metrics_token=settings.metrics_token,
         on_store_error=metrics.redis_errors.inc,
+        event_streams=EventStreams(
+            limit=settings.max_event_streams,
+            heartbeat_s=settings.event_stream_heartbeat_s,
+            max_duration_s=settings.event_stream_max_duration_s,
+        ),
     )
     keys = KeyRing.parse(settings.api_keys)
     if not keys.entries:

@@ -62,10 +62,32 @@ def _show_final(record: dict[str, Any]) -> int:
 
 
 def follow(url: str, key: str, job_id: str, *, timeout: float, interval: float = 0.2) -> int:
-    """Poll the job until it finishes; one line per change, or a live line on a TTY."""
+    """Follow the job until it finishes: its live event stream, else polling;
+    one line per change, or a live line on a TTY."""
+    from importer.adapters.event_stream_client import apply_event, follow_stream
+
     live = sys.stdout.isatty()
     started = time.monotonic()
     last = None
+    view: dict[str, Any] = {"state": "waiting", "attempt": 0, "progress": None}
+
+    def show(event: dict[str, Any]) -> None:
+        nonlocal view, last
+        view = apply_event(view, event)
+        progress = view.get("progress") or {}
+        line = f"{view['state']:<9} phase={progress.get('phase', '-')} rows={progress.get('rows', '-')} attempt={view['attempt']}"
+        elapsed = time.monotonic() - started
+        if live:
+            print(f"\r{line} elapsed={elapsed:.1f}s", end="", flush=True)
+        elif line != last:
+            print(f"{line} elapsed={elapsed:.1f}s", flush=True)
+        last = line
+
+    outcome = follow_stream(url, key, job_id, deadline=started + timeout, on_event=show)
+    if outcome == "timeout":
+        print(("\n" if live else "") + f"still {view['state']} after {timeout:g} s", file=sys.stderr)
+        return 3
+    # "finished": read the record for the result; "unavailable": poll it.
     while True:
         status, record = http_json("GET", f"{url}/api/imports/{job_id}", key)
         if status != 200:

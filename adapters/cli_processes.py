@@ -48,7 +48,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from importer.adapters.http_server import serve
 
     settings = _check_redis(args, "http")
-    serve(args.bind or settings.http_bind, args.workers, args.threads, args.timeout, args.graceful_timeout)
+    # Each open event stream holds a thread: add one per allowed stream, so
+    # streams never take the threads of ordinary requests (gthread starts
+    # threads only when needed).
+    threads = args.threads + settings.max_event_streams
+    serve(args.bind or settings.http_bind, args.workers, threads, args.timeout, args.graceful_timeout)
     return 0
 
 
@@ -183,6 +187,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
             rc = 1
         else:
             print(f"dev: HTTP on {url} (GET {url}/health, {url}/openapi.yaml), worker running", flush=True)
+            print(f"dev: console: open {url}/ in a browser and paste the API key", flush=True)
             if key:
                 print(f"dev: API key: {key}", flush=True)
                 print(

@@ -66,6 +66,14 @@ class Keys:
     def done(self, batch_id: str) -> str:
         return f"{self.prefix}done:{batch_id}"
 
+    def owner_jobs(self, owner: str) -> str:
+        """zset jobId -> createdAt: one owner's job records (GET /api/imports)."""
+        return f"{self.prefix}jobs:owner:{owner}"
+
+    def job_events(self, job_id: str) -> str:
+        """stream: one job's events, under the same ids as in P:events."""
+        return f"{self.events}:{job_id}"
+
     def rate(self, owner: str, window: int) -> str:
         return f"{self.prefix}rate:{owner}:{window}"
 
@@ -101,6 +109,27 @@ def _json_or_none(value: bytes | None) -> Any:
 @cache
 def _error_json(code: str) -> str:
     return json.dumps(PublicError.from_code(code).to_dict(), separators=(",", ":"))
+
+
+def _job_record(raw: dict[Any, Any]) -> JobRecord:
+    f = {_s(key): value for key, value in raw.items()}
+    return JobRecord(
+        id=_s(f.get("id")),
+        batch_id=_s(f.get("batchId")),
+        owner=_s(f.get("owner")),
+        state=_s(f.get("state")),
+        attempt=int(f.get("attempt") or 0),
+        progress=_json_or_none(f.get("progress")),
+        result=_json_or_none(f.get("result")),
+        error=_json_or_none(f.get("error")),
+        created_at_ms=int(f.get("createdAt") or 0),
+        updated_at_ms=int(f.get("updatedAt") or 0),
+        started_at_ms=_int_or_none(f.get("startedAt")),
+        finished_at_ms=_int_or_none(f.get("finishedAt")),
+        next_attempt_at_ms=_int_or_none(f.get("nextAttemptAt")) if _s(f.get("state")) == "retrying" else None,
+        content_sha256=_s(f.get("contentSha256")),
+        upload_id=_s(f.get("uploadId")),
+    )
 
 
 class RedisStore:
@@ -156,7 +185,7 @@ class RedisStore:
             reply = self._scripts["enqueue"](
                 keys=[
                     k.job(job_id), k.upload(upload_id), k.done(batch_id), k.unsent, k.waiting, k.events,
-                    k.rate(owner, now // window_ms),
+                    k.rate(owner, now // window_ms), k.owner_jobs(owner),
                 ],
                 args=[
                     job_id, batch_id, owner, content_sha256, upload_id, now, csv, s.events_maxlen,
@@ -269,26 +298,68 @@ class RedisStore:
     def get_job(self, job_id: str) -> JobRecord | None:
         with _translate():
             raw = self.client.hgetall(self.keys.job(job_id))
-        if not raw:
-            return None
-        f = {_s(key): value for key, value in raw.items()}
-        return JobRecord(
-            id=_s(f.get("id")),
-            batch_id=_s(f.get("batchId")),
-            owner=_s(f.get("owner")),
-            state=_s(f.get("state")),
-            attempt=int(f.get("attempt") or 0),
-            progress=_json_or_none(f.get("progress")),
-            result=_json_or_none(f.get("result")),
-            error=_json_or_none(f.get("error")),
-            created_at_ms=int(f.get("createdAt") or 0),
-            updated_at_ms=int(f.get("updatedAt") or 0),
-            started_at_ms=_int_or_none(f.get("startedAt")),
-            finished_at_ms=_int_or_none(f.get("finishedAt")),
-            next_attempt_at_ms=_int_or_none(f.get("nextAttemptAt")) if _s(f.get("state")) == "retrying" else None,
-            content_sha256=_s(f.get("contentSha256")),
-            upload_id=_s(f.get("uploadId")),
-        )
+        return _job_record(raw) if raw else None
+
+    def list_jobs(
+        self, owner: str, *, limit: int, state: str | None = None, after: tuple[int, str] | None = None,
+        scan_limit: int = 1000,
+    ) -> tuple[list[JobRecord], tuple[int, str] | None]:
+        """One page of the owner's job records, newest first (createdAt, then jobId, descending).
+
+        ``after`` is the position (createdAt ms, jobId) the previous page ended
+        on. Returns the records and the position to continue after, or None at
+        the end. At most ``scan_limit`` index entries are read per call, so a
+        filter by state that matches few records may return a short (even
+        empty) page with a position to continue from.
+        """
+        key = self.keys.owner_jobs(owner)
+        chunk = min(max(limit * 2, 50), scan_limit)
+        max_score: int | str = "+inf" if after is None else after[0]
+        records: list[JobRecord] = []
+        offset = scanned = 0
+        last = after
+        with _translate():
+            while True:
+                batch = self.client.zrevrangebyscore(key, max_score, "-inf", start=offset, num=chunk, withscores=True)
+                offset += len(batch)
+                entries = [(_s(m), int(sc)) for m, sc in batch]
+                if after is not None:
+                    entries = [(m, sc) for m, sc in entries if sc < after[0] or (sc == after[0] and m < after[1])]
+                pipe = self.client.pipeline(transaction=False)
+                for job_id, _ in entries:
+                    pipe.hgetall(self.keys.job(job_id))
+                raws = pipe.execute() if entries else []
+                for i, ((job_id, score), raw) in enumerate(zip(entries, raws)):
+                    scanned += 1
+                    last = (score, job_id)
+                    record = _job_record(raw) if raw else None
+                    if record is None or record.owner != owner or (state and record.state != state):
+                        continue
+                    records.append(record)
+                    if len(records) == limit:
+                        more = i + 1 < len(entries) or len(batch) == chunk
+                        return records, (last if more else None)
+                if len(batch) < chunk:
+                    return records, None
+                if scanned >= scan_limit:
+                    return records, last
+
+    def job_events(self, job_id: str, after_id: str, block_ms: int | None) -> list[dict[str, Any]]:
+        """The job's events after a stream id ('0-0': all), waiting up to block_ms for one.
+
+        Reads the job's own stream (P:events:<jobId>, written with P:events
+        in the same Lua step), so the cost is that job's events only. block_ms
+        must stay below the client's socket timeout (10 s).
+        """
+        from importer.adapters.observer import event_dict
+
+        key = self.keys.job_events(job_id)
+        with _translate():
+            if block_ms:
+                reply = self.client.xread({key: after_id}, count=100, block=block_ms)
+            else:
+                reply = self.client.xread({key: after_id}, count=100)
+        return [event_dict(_s(raw_id), fields) for _stream, entries in reply or [] for raw_id, fields in entries]
 
     def get_diagnostic(self, job_id: str) -> str:
         """Operators only (``importer inspect``): never shown by the API."""
@@ -340,7 +411,10 @@ class RedisStore:
         with _translate():
             upload_id = self.client.hget(self.keys.job(job_id), "uploadId")
             pipe = self.client.pipeline(transaction=True)
-            pipe.delete(self.keys.job(job_id))
+            owner = self.client.hget(self.keys.job(job_id), "owner")
+            pipe.delete(self.keys.job(job_id), self.keys.job_events(job_id))
+            if owner:
+                pipe.zrem(self.keys.owner_jobs(_s(owner)), job_id)
             if upload_id:
                 pipe.delete(self.keys.upload(_s(upload_id)))
             for index in (self.keys.completed, self.keys.failed, self.keys.waiting, self.keys.unsent, self.keys.active):

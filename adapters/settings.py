@@ -126,6 +126,12 @@ class Settings:
     worker_metrics_port: int = 0
     #: Address `importer serve` listens on unless --bind says otherwise.
     http_bind: str = "127.0.0.1:8080"
+    #: Live event streams (GET /api/imports/{jobId}/events) one HTTP process holds at once; one more gets 503.
+    max_event_streams: int = 32
+    #: Seconds between heartbeat comments on a quiet event stream.
+    event_stream_heartbeat_s: float = 15.0
+    #: Seconds after which the server ends an event stream (the client reconnects with Last-Event-ID).
+    event_stream_max_duration_s: float = 300.0
     #: Test-only fault injection, e.g. "after_apply:5" (sleep 5 s there) or
     #: "before_send:crash" (kill the process there). Never set in production.
     fault: str = ""
@@ -162,6 +168,9 @@ class Settings:
             metrics_token=env.get("IMPORTER_METRICS_TOKEN", ""),
             worker_metrics_port=_int(env, "IMPORTER_WORKER_METRICS_PORT", 0),
             http_bind=env.get("IMPORTER_HTTP_BIND") or cls.http_bind,
+            max_event_streams=_int(env, "IMPORTER_MAX_EVENT_STREAMS", cls.max_event_streams),
+            event_stream_heartbeat_s=_float(env, "IMPORTER_EVENT_STREAM_HEARTBEAT", cls.event_stream_heartbeat_s),
+            event_stream_max_duration_s=_float(env, "IMPORTER_EVENT_STREAM_MAX_DURATION", cls.event_stream_max_duration_s),
         )
         settings.check()
         return settings
@@ -178,6 +187,8 @@ class Settings:
             raise SettingsError(f"IMPORTER_PRODUCER_VERSION must be one of {sorted(KNOWN_VERSIONS)}")
         if self.broker_url and not self.broker_url.startswith(("redis://", "rediss://", "unix://", "amqp://", "amqps://")):
             raise SettingsError("IMPORTER_BROKER_URL must be a redis://, rediss://, unix://, amqp:// or amqps:// URL")
+        if self.event_stream_heartbeat_s <= 0 or self.event_stream_max_duration_s <= 0:
+            raise SettingsError("IMPORTER_EVENT_STREAM_HEARTBEAT and IMPORTER_EVENT_STREAM_MAX_DURATION must be > 0")
         if self.max_attempts < 1:
             raise SettingsError("max_attempts must be >= 1")
 

@@ -25,6 +25,7 @@ from importer.domain.ports import JobRecorder, MessageSender
 from importer.domain.shipment import BATCH_ID_PATTERN, is_valid_batch_id
 from importer.domain.submit_import import submit_import
 from importer.handlers.auth import bearer_token
+from importer.handlers.event_stream import EventStreams
 from importer.handlers.http import Request, Response, json_response
 from importer.handlers.problems import ApiError
 from importer.handlers.schemas import EnqueueRequestSchema, JobAcceptedSchema, JobStatusSchema, ShipmentSchema
@@ -44,6 +45,10 @@ class JobStore(JobRecorder, Protocol):
     def get_job(self, job_id: str) -> JobRecord | None: ...
     def get_shipment(self, batch_id: str) -> ShipmentRecord | None: ...
     def ping(self) -> bool: ...
+    def list_jobs(
+        self, owner: str, *, limit: int, state: str | None = None, after: tuple[int, str] | None = None,
+    ) -> tuple[list[JobRecord], tuple[int, str] | None]: ...
+    def job_events(self, job_id: str, after_id: str, block_ms: int | None) -> list[dict[str, Any]]: ...
 
 
 class Lifecycle:
@@ -81,6 +86,8 @@ class Api:
     metrics_token: str = ""
     #: Called when the store was unreachable (counts Redis errors).
     on_store_error: Callable[[], None] = lambda: None
+    #: Live event streams: settings and this process's open-stream limit.
+    event_streams: EventStreams = field(default_factory=EventStreams)
 
 
 def _time(ms: int | None) -> datetime | None:

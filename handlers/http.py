@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from importer.domain.errors import explain
 from importer.handlers.problems import ApiError, status_of
@@ -26,11 +26,21 @@ class Request:
     owner: str | None = None
 
 
+class BodyStream(Protocol):
+    """A body produced while it is sent (text/event-stream). The transport
+    iterates it and must call close() when it stops, whatever the reason."""
+
+    def __iter__(self) -> Iterator[bytes]: ...
+    def close(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class Response:
     status: int
     body: bytes = b""
     headers: tuple[tuple[str, str], ...] = ()
+    #: When set, the body is this stream (sent without Content-Length) and body is unused.
+    stream: BodyStream | None = None
 
 
 def json_response(status: int, payload: Any, headers: tuple[tuple[str, str], ...] = ()) -> Response:

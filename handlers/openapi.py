@@ -25,6 +25,8 @@ _SCHEMAS = {
     "EnqueueRequest": schemas.EnqueueRequestSchema,
     "JobAccepted": schemas.JobAcceptedSchema,
     "JobStatus": schemas.JobStatusSchema,
+    "JobList": schemas.JobListSchema,
+    "JobEvent": schemas.JobEventSchema,
     "Shipment": schemas.ShipmentSchema,
     "Health": schemas.HealthSchema,
     "Problem": schemas.ProblemSchema,

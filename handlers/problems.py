@@ -27,7 +27,9 @@ HTTP_STATUS: dict[str, int] = {
     "request.invalid": 422,
     "request.rate_limited": 429,
     "internal": 500,
+    "request.stream_unsupported": 501,
     "service.unavailable": 503,
+    "service.busy": 503,
 }
 
 #: Response headers that come with a code (documented in the OpenAPI document).
@@ -36,6 +38,7 @@ HEADERS_OF: dict[str, dict[str, str]] = {
     "request.method_not_allowed": {"Allow": "The methods of this path."},
     "request.rate_limited": {"Retry-After": "Seconds to wait."},
     "service.unavailable": {"Retry-After": "Seconds to wait."},
+    "service.busy": {"Retry-After": "Seconds to wait."},
 }
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from importer.domain.errors import DomainError
 from importer.domain.shipment import BATCH_ID_PATTERN
 from importer.handlers import api as h
+from importer.handlers import console, my_imports
 from importer.handlers.auth import KeyRing, bearer_token
 from importer.handlers.http import Request, Response, problem, problem_of
 from importer.handlers.problems import ApiError, api_error_for
@@ -74,6 +75,57 @@ ROUTES: tuple[Route, ...] = (
             "The batchId is already bound to other content or another producer; the answer is the same "
             "in both cases and reveals nothing about the other shipment"
         ),
+    }),
+    Route("GET", "/api/imports", my_imports.list_imports, {
+        "operationId": "listImports",
+        "summary": "List your own imports, newest first",
+        "description": (
+            "One page of the caller's job records (never another producer's), each as GET /api/imports/{jobId} "
+            "answers it. Pass the answer's nextCursor as ?cursor= for the next page. Records are removed by "
+            "retention some time after they finish, so the list holds recent imports only."
+        ),
+        "parameters": [
+            {"name": "state", "in": "query", "required": False, "description": "Only imports in this state.",
+             "schema": {"type": "string", "enum": ["waiting", "active", "retrying", "completed", "failed"]}},
+            {"name": "limit", "in": "query", "required": False, "description": "Items per page (default 20).",
+             "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}},
+            {"name": "cursor", "in": "query", "required": False,
+             "description": "The nextCursor of the previous page (opaque).", "schema": {"type": "string"}},
+        ],
+        "responses": {
+            "200": {"description": "One page.", "content": {"application/json": {"schema": "JobList"}}},
+        },
+    }, errors=(*_API_ERRORS, "request.invalid"), error_notes={
+        "request.invalid": "state, limit or cursor is not valid (see fields)",
+    }),
+    Route("GET", "/api/imports/{jobId}/events", my_imports.job_events, {
+        "operationId": "streamImportEvents",
+        "summary": "Follow one of your imports live (Server-Sent Events)",
+        "description": (
+            "A text/event-stream of the job's events: waiting, active, progress (validated, committed), retrying, "
+            "completed, failed; each `data:` line is a JobEvent as JSON, each `id:` its stream id. Stored events "
+            "come first, so a late client sees the whole history. Send the last id you saw as `Last-Event-ID` to "
+            "resume after it. The stream ends after the final event (completed or failed), after at most "
+            "IMPORTER_EVENT_STREAM_MAX_DURATION seconds (reconnect with Last-Event-ID), or when the server shuts "
+            "down; a comment line is sent at least every IMPORTER_EVENT_STREAM_HEARTBEAT seconds. Each process "
+            "holds at most IMPORTER_MAX_EVENT_STREAMS streams: one more is refused with 503 service.busy. "
+            "Browsers: EventSource cannot send the Authorization header; read it with fetch()."
+        ),
+        "parameters": [
+            {"name": "jobId", "in": "path", "required": True, "schema": {"type": "string"}},
+            {"name": "Last-Event-ID", "in": "header", "required": False,
+             "description": "Resume after this event id (an id from this stream).", "schema": {"type": "string"}},
+        ],
+        "responses": {
+            "200": {
+                "description": "The event stream (each data line is a JobEvent).",
+                "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            },
+        },
+    }, errors=(*_API_ERRORS, "job.not_found", "request.stream_unsupported", "service.busy"), error_notes={
+        "job.not_found": "No record, or another producer's: the same answer as GET /api/imports/{jobId}",
+        "request.stream_unsupported": "This deployment (serverless) cannot hold a stream open: poll instead",
+        "service.busy": "This process holds IMPORTER_MAX_EVENT_STREAMS streams already",
     }),
     Route("GET", "/api/imports/{jobId}", h.get_import, {
         "operationId": "getImport",
@@ -148,6 +200,9 @@ def dispatch(api: h.Api, keys: KeyRing, req: Request) -> Response:
 
 
 def _route(api: h.Api, keys: KeyRing, req: Request) -> Response:
+    page = console.serve(req)
+    if page is not None:
+        return page
     allowed: list[str] = []
     for route in ROUTES:
         match = route.pattern.fullmatch(req.path)

@@ -28,6 +28,9 @@ class EnqueueRequestSchema(Schema):
     })
 
 
+JOB_STATES = ("waiting", "active", "retrying", "completed", "failed")
+
+
 class JobAcceptedSchema(Schema):
     jobId = fields.String(required=True, metadata={"example": "shipment-shipment-a-2026"})
     batchId = fields.String(required=True, metadata={"example": "shipment-a-2026"})
@@ -74,6 +77,31 @@ class JobStatusSchema(Schema):
     startedAt = fields.DateTime(allow_none=True)
     finishedAt = fields.DateTime(allow_none=True)
     nextAttemptAt = fields.DateTime(allow_none=True, metadata={"description": "When state is retrying: the earliest next attempt."})
+
+
+class JobListSchema(Schema):
+    items = fields.List(fields.Nested(JobStatusSchema), required=True, metadata={
+        "description": "The caller's job records, newest first (by createdAt); each as GET /api/imports/{jobId} answers.",
+    })
+    nextCursor = fields.String(required=True, allow_none=True, metadata={
+        "description": (
+            "Pass as ?cursor= for the next page; null at the end. A page may hold fewer items than the limit "
+            "(even none) and still have a nextCursor when a state filter matched few records."
+        ),
+    })
+
+
+class JobEventSchema(Schema):
+    """One event of GET /api/imports/{jobId}/events (the SSE data line, as JSON)."""
+
+    id = fields.String(required=True, metadata={"description": "The Redis stream id; also the SSE id (send it back as Last-Event-ID)."})
+    event = fields.String(required=True, validate=validate.OneOf(["waiting", "active", "progress", "retrying", "completed", "failed"]))
+    jobId = fields.String(required=True)
+    batchId = fields.String(required=True)
+    attempt = fields.Integer(required=True)
+    data = fields.Dict(required=True, metadata={
+        "description": "progress: {phase, rows}; completed: the result; failed and retrying: the error; else {}.",
+    })
 
 
 class ShipmentSchema(Schema):

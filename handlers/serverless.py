@@ -173,6 +173,10 @@ def make_handler(api: Api, keys: KeyRing) -> LambdaHandler:
     def handle(event: Event, context: object) -> EventResponse:
         request = to_request(event, limit=limit)
         response = request if isinstance(request, Response) else dispatch(api, keys, request)
+        if response.stream is not None:
+            # A Lambda response is sent whole: a live stream cannot be held open here.
+            response.stream.close()
+            response = problem("request.stream_unsupported")
         return to_event_response(response)
 
     return handle

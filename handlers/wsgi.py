@@ -22,7 +22,7 @@ WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 _REASONS = {
     200: "OK", 202: "Accepted", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
     405: "Method Not Allowed", 409: "Conflict", 413: "Content Too Large", 415: "Unsupported Media Type",
-    422: "Unprocessable Content", 429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable",
+    422: "Unprocessable Content", 429: "Too Many Requests", 500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
 }
 
 _CHUNK = 64 * 1024
@@ -91,8 +91,13 @@ def create_app(api: Api, keys: KeyRing) -> WsgiApp:
     return app
 
 
-def _respond(response: Response, start_response: StartResponse) -> list[bytes]:
+def _respond(response: Response, start_response: StartResponse) -> Iterable[bytes]:
     status = f"{response.status} {_REASONS.get(response.status, 'Status')}"
+    if response.stream is not None:
+        # Sent as it is produced (chunked on HTTP/1.1); the server calls the
+        # stream's close() when it ends, which frees its slot.
+        start_response(status, list(response.headers))
+        return response.stream
     headers = list(response.headers) + [("Content-Length", str(len(response.body)))]
     start_response(status, headers)
     return [response.body]

@@ -14,6 +14,10 @@
 --   P:jobs:completed        zset    jobId -> finishedAt (retention index)
 --   P:jobs:failed           zset    jobId -> finishedAt (retention index)
 --   P:events                stream  every job change (approximate MAXLEN)
+--   P:events:<jobId>        stream  [console] the same entries for one job, under the same ids as in
+--                                   P:events (GET /api/imports/{jobId}/events reads it); removed with the record
+--   P:jobs:owner:<owner>    zset    [console] jobId -> createdAt, one owner's job records (GET /api/imports);
+--                                   written by enqueue.lua, removed with the record by retention
 --   P:stats                 hash    queue-wide counters for /metrics (completed, failed:<code>,
 --                                   retries, rows_applied, replays, duration buckets)
 --   P:rate:<owner>:<window> string  POSTs of one owner in one rate-limit window (expires)
@@ -27,8 +31,15 @@
 -- their names are only known once the index is read. They share P's hash
 -- tag, so they live in the same slot as every declared key.
 
+-- Each event goes to P:events and [console] to P:events:<jobId> under the
+-- same id, so that a stream of one job reads only its own entries. pcall:
+-- that second write must never abort the script after the first one.
+local JOB_EVENTS_MAXLEN = 64
 local function emit(events_key, maxlen, kind, job_id, batch_id, attempt, data)
-  redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*',
+  local id = redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*',
+    'event', kind, 'jobId', job_id, 'batchId', batch_id,
+    'attempt', attempt, 'data', data)
+  redis.pcall('XADD', events_key .. ':' .. job_id, 'MAXLEN', JOB_EVENTS_MAXLEN, id,
     'event', kind, 'jobId', job_id, 'batchId', batch_id,
     'attempt', attempt, 'data', data)
 end
@@ -42,6 +53,10 @@ local function retain(index_key, prefix, now, age_ms, count)
     local job_key = prefix .. 'job:' .. id
     local upload_id = redis.call('HGET', job_key, 'uploadId')
     if upload_id then redis.call('DEL', prefix .. 'upload:' .. upload_id) end
+    -- [console] the owner's index entry and the job's own event stream go with the record
+    local owner = redis.call('HGET', job_key, 'owner')
+    if owner then redis.call('ZREM', prefix .. 'jobs:owner:' .. owner, id) end
+    redis.call('DEL', prefix .. 'events:' .. id)
     redis.call('DEL', job_key)
     redis.call('ZREM', index_key, id)
   end

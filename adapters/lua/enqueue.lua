@@ -3,6 +3,7 @@
 -- KEYS[1] P:job:<jobId>       KEYS[2] P:upload:<uploadId>   KEYS[3] P:done:<batchId>
 -- KEYS[4] P:jobs:unsent       KEYS[5] P:jobs:waiting        KEYS[6] P:events
 -- KEYS[7] P:rate:<owner>:<window index>
+-- KEYS[8] P:jobs:owner:<owner>   [console] the owner's index of job records
 -- ARGV[1] jobId  ARGV[2] batchId  ARGV[3] owner  ARGV[4] contentSha256
 -- ARGV[5] uploadId  ARGV[6] nowMs  ARGV[7] csv bytes  ARGV[8] events maxlen
 -- ARGV[9] rate limit (POSTs per window, 0 = off)  ARGV[10] window length ms
@@ -48,5 +49,6 @@ redis.call('HSET', job_key,
 redis.call('SET', upload_key, ARGV[7])
 redis.call('ZADD', KEYS[4], ARGV[6], job_id)
 redis.call('ZADD', KEYS[5], ARGV[6], job_id)
+redis.call('ZADD', KEYS[8], ARGV[6], job_id)  -- [console] GET /api/imports
 emit(KEYS[6], ARGV[8], 'waiting', job_id, batch_id, 0, '{}')
 return {'created'}

@@ -610,8 +610,8 @@ def test_shipment_history_needs_a_key(h: Harness) -> None:
 @pytest.mark.parametrize(
     "method,path,allow",
     [
-        ("DELETE", "/api/imports", "POST"),
-        ("GET", "/api/imports", "POST"),
+        ("DELETE", "/api/imports", "GET, POST"),
+        ("POST", "/api/imports/shipment-b-1/events", "GET"),
         ("PUT", "/api/imports/shipment-b-1", "GET"),
         ("POST", "/health", "GET"),
     ],
@@ -624,7 +624,7 @@ def test_wrong_method_is_405_with_allow(h: Harness, method: str, path: str, allo
     assert h.store.calls == []
 
 
-@pytest.mark.parametrize("path", ["/", "/nope", "/api/imports/", "/api/imports/a/b", "/api", "/health/"])
+@pytest.mark.parametrize("path", ["/nope", "/index.html", "/api/imports/", "/api/imports/a/b", "/api", "/health/"])
 def test_unknown_path_is_404(h: Harness, path: str) -> None:
     assert_problem(h.call("GET", path), 404, "request.not_found")
 

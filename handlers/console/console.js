@@ -1,0 +1,402 @@
+// Importer console: plain JavaScript, no build step, nothing from elsewhere.
+//
+// The API key lives in this tab's sessionStorage only and is sent only in the
+// Authorization header. The live stream of a job is read with fetch() and a
+// ReadableStream, not EventSource: EventSource cannot send an Authorization
+// header, and putting the key in the URL would leak it into logs and history.
+"use strict";
+
+(function () {
+  const KEY_NAME = "importer.apiKey";
+  const FINAL = new Set(["completed", "failed"]);
+  const LIST_REFRESH_MS = 5000;
+  const $ = (id) => document.getElementById(id);
+
+  let following = null;      // {jobId, abort: AbortController, record}
+  let listCursor = null;
+  let listTimer = null;
+  let listExpanded = false;  // "Show more" was used: the timer leaves the list alone
+
+  // -- key ---------------------------------------------------------------
+  function apiKey() { return sessionStorage.getItem(KEY_NAME) || ""; }
+
+  function showKeyState() {
+    const has = apiKey() !== "";
+    $("key-form").hidden = has;
+    $("key-set").hidden = !has;
+    $("send-section").hidden = !has;
+    $("list-section").hidden = !has;
+    if (!has) { $("job-section").hidden = true; stopFollowing(); stopListTimer(); }
+  }
+
+  // -- messages ------------------------------------------------------------
+  function showError(text) {
+    const box = $("alert");
+    box.textContent = text;
+    box.hidden = false;
+  }
+  function clearError() { $("alert").hidden = true; $("alert").textContent = ""; }
+  function announce(text) { $("announce").textContent = text; }
+
+  function retryAfter(headers) {
+    const value = parseInt(headers.get("Retry-After") || "", 10);
+    return Number.isFinite(value) ? value : null;
+  }
+
+  // One clear sentence per answer a person can get.
+  function describe(status, body, headers) {
+    const code = body && body.code ? body.code : "";
+    const wait = retryAfter(headers);
+    switch (status) {
+      case 401: return "The API key was refused (auth.required). Check the key, or paste a new one with \"Forget the key\".";
+      case 404: return "That import was not found (job.not_found): it is not yours, or retention removed its record.";
+      case 409: return "This batchId is already used for other content, or by another producer (batch.conflict). Choose a new batchId.";
+      case 413: return "The file is larger than the server accepts (request.too_large). Split it into smaller files, each with its own batchId.";
+      case 415: return "The server did not accept the file type (request.unsupported_media_type).";
+      case 422: {
+        const fields = body && body.fields ? Object.entries(body.fields).map(([k, v]) => k + ": " + v.join(" ")).join("; ") : "";
+        return "The request is not valid (request.invalid)" + (fields ? ": " + fields : ".");
+      }
+      case 429: return "Too many imports sent in a short time (request.rate_limited). Wait " + (wait || 1) + " second" + (wait === 1 ? "" : "s") + ", then send again.";
+      case 503: return code === "service.busy"
+        ? "The server holds as many live streams as it allows (service.busy); this page checks the import every second instead."
+        : "The service is unavailable right now (service.unavailable). Try again in " + (wait || 5) + " seconds.";
+      default: return "The server answered " + status + (code ? " (" + code + ")" : "") + (body && body.detail ? ": " + body.detail : ".");
+    }
+  }
+
+  // -- HTTP ------------------------------------------------------------------
+  async function api(method, path, options) {
+    const opts = options || {};
+    const headers = Object.assign({ "Authorization": "Bearer " + apiKey() }, opts.headers || {});
+    const response = await fetch(path, { method, headers, body: opts.body, signal: opts.signal, cache: "no-store" });
+    if (opts.raw) return response;
+    let body = null;
+    const text = await response.text();
+    try { body = text ? JSON.parse(text) : null; } catch (e) { body = null; }
+    if (response.status === 401) onUnauthorized();
+    return { status: response.status, body, headers: response.headers };
+  }
+
+  function onUnauthorized() {
+    showError(describe(401, null, new Headers()));
+  }
+
+  // -- send ------------------------------------------------------------------
+  function suggestBatchId(name) {
+    let id = name.replace(/\.[^.]*$/, "").replace(/[^A-Za-z0-9._-]+/g, "-").replace(/^[^A-Za-z0-9]+/, "");
+    return id.slice(0, 64);
+  }
+
+  async function send(event) {
+    event.preventDefault();
+    clearError();
+    const file = $("file-input").files[0];
+    const batchId = $("batch-input").value.trim();
+    if (!file) { showError("Choose a CSV file first."); $("file-input").focus(); return; }
+    if (!/^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/.test(batchId)) {
+      showError("The batchId must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit.");
+      $("batch-input").focus();
+      return;
+    }
+    const button = $("send-button");
+    button.disabled = true;
+    try {
+      const answer = await api("POST", "/api/imports?batchId=" + encodeURIComponent(batchId),
+        { body: file, headers: { "Content-Type": "text/csv" } });
+      if (answer.status !== 202) { showError(describe(answer.status, answer.body, answer.headers)); return; }
+      const result = $("send-result");
+      result.hidden = false;
+      result.textContent = "202 Accepted: job " + answer.body.jobId + " (batch " + answer.body.batchId + ", " + answer.body.state + ").";
+      announce("Accepted: " + answer.body.jobId);
+      follow(answer.body.jobId);
+      loadList();
+    } catch (err) {
+      showError("The server could not be reached. Check your connection and try again.");
+    } finally {
+      button.disabled = false;
+    }
+  }
+
+  // -- one import, live --------------------------------------------------------
+  function stopFollowing() {
+    if (following) { following.abort.abort(); following = null; }
+  }
+
+  function applyEvent(record, ev) {
+    const r = Object.assign({}, record);
+    r.attempt = ev.attempt;
+    switch (ev.event) {
+      case "waiting": r.state = "waiting"; break;
+      case "active": r.state = "active"; r.progress = null; r.error = null; break;
+      case "progress": r.state = r.state === "waiting" ? "active" : r.state; r.progress = ev.data; break;
+      case "retrying": r.state = "retrying"; r.error = ev.data; break;
+      case "completed": r.state = "completed"; r.result = ev.data; r.error = null; break;
+      case "failed": r.state = "failed"; r.error = ev.data; break;
+    }
+    return r;
+  }
+
+  function renderSteps(record) {
+    const phase = record.progress ? record.progress.phase : null;
+    const rows = record.progress ? record.progress.rows : null;
+    const reached = {
+      waiting: true,
+      active: record.state !== "waiting",
+      validated: phase === "validated" || phase === "committed" || record.state === "completed",
+      committed: phase === "committed" || record.state === "completed",
+    };
+    const steps = [
+      ["waiting", "waiting", reached.waiting],
+      ["active", "active", reached.active],
+      ["validated", "validated" + (rows !== null ? " (" + rows + " rows)" : ""), reached.validated],
+      ["committed", "committed", reached.committed],
+    ];
+    if (record.state === "failed") steps.push(["failed", "failed", true]);
+    else if (record.state === "retrying") steps.push(["retrying", "retrying", true]);
+    else steps.push(["completed", "completed", record.state === "completed"]);
+    const list = $("job-steps");
+    list.replaceChildren();
+    let current = null;
+    for (const [key, label, done] of steps) {
+      const li = document.createElement("li");
+      li.dataset.step = key;
+      li.textContent = label + (done ? "" : " (not yet)");
+      if (done) { li.className = key === "failed" || key === "retrying" ? "bad" : "done"; current = li; }
+      list.appendChild(li);
+    }
+    if (current) current.setAttribute("aria-current", "step");
+  }
+
+  function renderJob(record) {
+    $("job-section").hidden = false;
+    $("job-id").textContent = record.id;
+    const badge = $("job-state");
+    badge.textContent = record.state;
+    badge.className = "badge " + record.state;
+    $("job-attempt").textContent = record.attempt ? "(attempt " + record.attempt + ")" : "";
+    renderSteps(record);
+    const result = $("job-result");
+    if (record.state === "completed" && record.result) {
+      result.hidden = false;
+      result.textContent = "Imported " + record.result.imported + " rows" + (record.result.replay ? " earlier (a replay: nothing was added this time)." : ".");
+    } else {
+      result.hidden = true;
+    }
+    const error = record.error;
+    const box = $("job-error");
+    if (error && (record.state === "failed" || record.state === "retrying")) {
+      box.hidden = false;
+      $("job-error-code").textContent = error.code;
+      $("job-error-message").textContent = error.message;
+      const body = $("issues-table").tBodies[0];
+      body.replaceChildren();
+      for (const issue of error.issues || []) {
+        const tr = document.createElement("tr");
+        for (const value of [issue.line, issue.column === null ? "whole line" : issue.column, issue.code, issue.message]) {
+          const td = document.createElement("td");
+          td.textContent = String(value);
+          tr.appendChild(td);
+        }
+        body.appendChild(tr);
+      }
+      $("issues-table").hidden = !(error.issues && error.issues.length);
+      $("issues-truncated").hidden = !error.issuesTruncated;
+    } else {
+      box.hidden = true;
+    }
+  }
+
+  function logEvent(ev) {
+    const li = document.createElement("li");
+    const detail = ev.event === "progress" ? " " + ev.data.phase + " (" + ev.data.rows + " rows)"
+      : (ev.event === "failed" || ev.event === "retrying") ? " " + (ev.data.code || "") : "";
+    li.textContent = ev.event + detail + (ev.attempt ? " attempt " + ev.attempt : "");
+    $("job-events").appendChild(li);
+  }
+
+  // Reads "text/event-stream" from a fetch() response: calls onEvent per
+  // message; returns the last event id seen.
+  async function readEvents(response, onEvent, lastId) {
+    const reader = response.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    let id = lastId;
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return id;
+      buffer += decoder.decode(value, { stream: true });
+      let end;
+      while ((end = buffer.indexOf("\n\n")) >= 0) {
+        const block = buffer.slice(0, end);
+        buffer = buffer.slice(end + 2);
+        let data = "";
+        for (const line of block.split("\n")) {
+          if (line.startsWith("id: ")) id = line.slice(4);
+          else if (line.startsWith("data: ")) data += line.slice(6);
+        }
+        if (data) onEvent(JSON.parse(data));
+      }
+    }
+  }
+
+  async function follow(jobId) {
+    stopFollowing();
+    const mine = { jobId, abort: new AbortController(), record: null };
+    following = mine;
+    $("job-events").replaceChildren();
+    const first = await api("GET", "/api/imports/" + encodeURIComponent(jobId), { signal: mine.abort.signal });
+    if (following !== mine) return;
+    if (first.status !== 200) { showError(describe(first.status, first.body, first.headers)); return; }
+    mine.record = first.body;
+    renderJob(mine.record);
+    $("job-section").scrollIntoView({ block: "nearest" });
+    let lastId = "";
+    let finished = FINAL.has(mine.record.state);
+    while (following === mine && !finished) {
+      let response;
+      try {
+        const headers = lastId ? { "Last-Event-ID": lastId } : {};
+        response = await api("GET", "/api/imports/" + encodeURIComponent(jobId) + "/events",
+          { raw: true, headers, signal: mine.abort.signal });
+      } catch (err) {
+        if (following !== mine) return;
+        response = null;
+      }
+      if (response && response.status === 200) {
+        $("job-live").textContent = "live";
+        try {
+          lastId = await readEvents(response, (ev) => {
+            if (following !== mine) return;
+            mine.record = applyEvent(mine.record, ev);
+            renderJob(mine.record);
+            logEvent(ev);
+            if (FINAL.has(ev.event)) finished = true;
+          }, lastId);
+        } catch (err) {
+          if (following !== mine) return;
+        }
+      } else {
+        if (response) {
+          let body = null;
+          try { body = await response.json(); } catch (e) { body = null; }
+          if (response.status === 401 || response.status === 404) {
+            showError(describe(response.status, body, response.headers));
+            return;
+          }
+        }
+        // No stream here (busy, not supported, network): poll the record.
+        $("job-live").textContent = "checking every second";
+        const polled = await api("GET", "/api/imports/" + encodeURIComponent(jobId), { signal: mine.abort.signal }).catch(() => null);
+        if (following !== mine) return;
+        if (polled && polled.status === 200) {
+          mine.record = polled.body;
+          renderJob(mine.record);
+          finished = FINAL.has(mine.record.state);
+        }
+      }
+      if (!finished) await new Promise((resolve) => setTimeout(resolve, 1000));
+    }
+    if (following !== mine) return;
+    // The record is the truth: read it once more for the final view.
+    const last = await api("GET", "/api/imports/" + encodeURIComponent(jobId), { signal: mine.abort.signal }).catch(() => null);
+    if (following !== mine) return;
+    if (last && last.status === 200) { mine.record = last.body; renderJob(mine.record); }
+    $("job-live").textContent = "";
+    announce("Import " + jobId + " " + mine.record.state + ".");
+    if (mine.record.state === "failed") showError("Import " + jobId + " failed: " + mine.record.error.code + ". " + mine.record.error.message);
+    loadList();
+  }
+
+  // -- my imports ------------------------------------------------------------
+  function stopListTimer() { if (listTimer) { clearInterval(listTimer); listTimer = null; } }
+
+  function cell(text) { const td = document.createElement("td"); td.textContent = text; return td; }
+
+  function renderRows(items, append) {
+    const body = $("list-table").tBodies[0];
+    if (!append) body.replaceChildren();
+    for (const item of items) {
+      const tr = document.createElement("tr");
+      tr.dataset.jobId = item.id;
+      tr.appendChild(cell(item.batchId));
+      const state = document.createElement("td");
+      const badge = document.createElement("span");
+      badge.className = "badge " + item.state;
+      badge.textContent = item.state;
+      state.appendChild(badge);
+      tr.appendChild(state);
+      tr.appendChild(cell(String(item.attempt)));
+      tr.appendChild(cell(item.progress ? String(item.progress.rows) : "-"));
+      tr.appendChild(cell(new Date(item.createdAt).toLocaleString()));
+      const open = document.createElement("td");
+      const button = document.createElement("button");
+      button.type = "button";
+      button.className = "secondary";
+      button.textContent = "Open";
+      button.setAttribute("aria-label", "Open " + item.batchId);
+      button.addEventListener("click", () => { clearError(); follow(item.id); });
+      open.appendChild(button);
+      tr.appendChild(open);
+      body.appendChild(tr);
+    }
+    $("list-empty").hidden = body.rows.length > 0;
+  }
+
+  async function loadList(more) {
+    if (!apiKey()) return;
+    const params = new URLSearchParams();
+    const state = $("state-filter").value;
+    if (state) params.set("state", state);
+    if (more && listCursor) params.set("cursor", listCursor);
+    let answer;
+    try { answer = await api("GET", "/api/imports" + (params.toString() ? "?" + params : "")); } catch (e) { return; }
+    if (answer.status !== 200) {
+      if (answer.status !== 401) showError(describe(answer.status, answer.body, answer.headers));
+      return;
+    }
+    listExpanded = Boolean(more);
+    renderRows(answer.body.items, Boolean(more));
+    listCursor = answer.body.nextCursor;
+    $("list-more").hidden = !listCursor;
+  }
+
+  function startListTimer() {
+    stopListTimer();
+    listTimer = setInterval(() => { if (!document.hidden && !listExpanded) loadList(); }, LIST_REFRESH_MS);
+  }
+
+  // -- wiring ------------------------------------------------------------------
+  document.addEventListener("DOMContentLoaded", () => {
+    $("key-form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      const value = $("key-input").value.trim();
+      if (!value) return;
+      sessionStorage.setItem(KEY_NAME, value);
+      $("key-input").value = "";
+      clearError();
+      showKeyState();
+      announce("Key set for this tab.");
+      loadList();
+      startListTimer();
+      $("file-input").focus();
+    });
+    $("key-forget").addEventListener("click", () => {
+      sessionStorage.removeItem(KEY_NAME);
+      $("list-table").tBodies[0].replaceChildren();
+      showKeyState();
+      announce("Key forgotten.");
+      $("key-input").focus();
+    });
+    $("file-input").addEventListener("change", () => {
+      const file = $("file-input").files[0];
+      if (file) $("batch-input").value = suggestBatchId(file.name);
+    });
+    $("send-form").addEventListener("submit", send);
+    $("state-filter").addEventListener("change", () => loadList());
+    $("list-refresh").addEventListener("click", () => loadList());
+    $("list-more").addEventListener("click", () => loadList(true));
+    showKeyState();
+    if (apiKey()) { loadList(); startListTimer(); }
+  });
+})();

@@ -1,0 +1,92 @@
+"""The caller's own imports: the list (``GET /api/imports``) and one job's
+live events (``GET /api/imports/{jobId}/events``). Both are scoped to the
+authenticated owner; another owner's job answers the same 404 bytes as a
+missing one."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+
+from importer.handlers.api import Api, job_status
+from importer.handlers.event_stream import STREAM_ID, JobEventStream
+from importer.handlers.http import Request, Response, json_response
+from importer.handlers.problems import ApiError
+from importer.handlers.schemas import JOB_STATES
+
+DEFAULT_LIMIT = 20
+MAX_LIMIT = 100
+_CURSOR = re.compile(r"^v1:([0-9]{1,16}):(.{1,200})$", re.DOTALL)
+
+
+def encode_cursor(position: tuple[int, str]) -> str:
+    raw = f"v1:{position[0]}:{position[1]}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(text: str) -> tuple[int, str] | None:
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode()
+    except (binascii.Error, ValueError):
+        return None
+    match = _CURSOR.fullmatch(raw)
+    return (int(match.group(1)), match.group(2)) if match else None
+
+
+def list_imports(api: Api, req: Request) -> Response:
+    """GET /api/imports: the caller's job records, newest first, one page."""
+    errors: dict[str, list[str]] = {}
+    limit_text = req.query.get("limit", "")
+    limit = DEFAULT_LIMIT
+    if limit_text != "":
+        if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_LIMIT:
+            errors["limit"] = [f"Must be a whole number from 1 to {MAX_LIMIT}."]
+        else:
+            limit = int(limit_text)
+    state = req.query.get("state") or None
+    if state is not None and state not in JOB_STATES:
+        errors["state"] = ["Must be one of " + ", ".join(JOB_STATES) + "."]
+    after = None
+    if req.query.get("cursor"):
+        after = decode_cursor(req.query["cursor"])
+        if after is None:
+            errors["cursor"] = ["Not a cursor from a previous page's nextCursor."]
+    if errors:
+        raise ApiError("request.invalid", instance=req.path, extra={"fields": errors})
+    records, position = api.store.list_jobs(req.owner or "", limit=limit, state=state, after=after)
+    payload = {
+        "items": [job_status(record) for record in records],
+        "nextCursor": encode_cursor(position) if position is not None else None,
+    }
+    # Each item is already the status answer's dump (JobListSchema documents the shape).
+    return json_response(200, payload, (("Cache-Control", "no-store"),))
+
+
+def job_events(api: Api, req: Request) -> Response:
+    """GET /api/imports/{jobId}/events: the job's events as text/event-stream."""
+    job_id = req.path_params["jobId"]
+    record = api.store.get_job(job_id)
+    if record is None or record.owner != req.owner:
+        raise ApiError("job.not_found")  # the same bytes as GET /api/imports/{jobId}
+    last_id = req.headers.get("last-event-id", "").strip()
+    after_id = last_id if STREAM_ID.fullmatch(last_id) else "0-0"
+    streams = api.event_streams
+    if not streams.slots.try_acquire():
+        raise ApiError("service.busy", (("Retry-After", "5"),))
+    stream = JobEventStream(
+        api.store,
+        streams,
+        record,
+        after_id,
+        closing=lambda: api.lifecycle.closing,
+        unavailable_errors=api.unavailable_errors,
+        on_store_error=api.on_store_error,
+    )
+    headers = (
+        ("Content-Type", "text/event-stream; charset=utf-8"),
+        ("Cache-Control", "no-store"),
+        # nginx (and proxies that honour it): pass each event on at once.
+        ("X-Accel-Buffering", "no"),
+    )
+    return Response(200, b"", headers, stream=stream)
