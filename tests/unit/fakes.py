@@ -29,6 +29,8 @@ class FakeStore:
     marked_sent: list[str] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)
     failure: BaseException | None = None
+    #: jobId -> its events, as RedisStore.job_events returns them (ids "ms-seq", ascending).
+    events: dict[str, list[dict[str, object]]] = field(default_factory=dict)
 
     def _call(self, name: str) -> None:
         self.calls.append(name)
@@ -67,6 +69,27 @@ class FakeStore:
     def ping(self) -> bool:
         self._call("ping")
         return True
+
+    def list_jobs(
+        self, owner: str, *, limit: int, state: str | None = None, after: tuple[int, str] | None = None,
+    ) -> tuple[list[JobRecord], tuple[int, str] | None]:
+        self._call("list_jobs")
+        mine = sorted((r for r in self.jobs.values() if r.owner == owner), key=lambda r: (r.created_at_ms, r.id), reverse=True)
+        if after is not None:
+            mine = [r for r in mine if (r.created_at_ms, r.id) < after]
+        if state:
+            mine = [r for r in mine if r.state == state]
+        page = mine[:limit]
+        return page, ((page[-1].created_at_ms, page[-1].id) if len(mine) > limit else None)
+
+    def job_events(self, job_id: str, after_id: str, block_ms: int | None) -> list[dict[str, object]]:
+        self._call("job_events")
+
+        def position(stream_id: object) -> tuple[int, int]:
+            ms, seq = str(stream_id).split("-")
+            return int(ms), int(seq)
+
+        return [e for e in self.events.get(job_id, []) if position(e["id"]) > position(after_id)]
 
 
 @dataclass(frozen=True)
