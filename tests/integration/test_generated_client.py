@@ -54,8 +54,12 @@ def importer_client(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def test_the_generated_client_drives_a_full_import(system: System, importer_client: Any) -> None:
-    from importer_client.api.default import enqueue_import, get_import, get_shipment, health  # type: ignore[import-not-found]
-    from importer_client.models import EnqueueRequest, JobAccepted, JobStatus, Problem, Shipment  # type: ignore[import-not-found]
+    from importer_client.api.default import (  # type: ignore[import-not-found]
+        enqueue_import, get_import, get_shipment, health, list_imports, stream_import_events,
+    )
+    from importer_client.models import (  # type: ignore[import-not-found]
+        EnqueueRequest, JobAccepted, JobList, JobStatus, ListImportsState, Problem, Shipment,
+    )
 
     with importer_client.AuthenticatedClient(base_url=system.base_url, token=system.api_key) as client:
         assert health.sync(client=client).status.value == "ok"
@@ -73,6 +77,19 @@ def test_the_generated_client_drives_a_full_import(system: System, importer_clie
         assert (status.progress.phase.value, status.progress.rows) == ("committed", 3)
         assert (status.result.imported, status.result.batch_id) == (3, "gen-1")
         assert status.error is None and status.attempt == 1
+
+        page = list_imports.sync(client=client, limit=10)
+        assert isinstance(page, JobList) and [item.id for item in page.items] == ["shipment-gen-1"]
+        assert page.items[0].state.value == "completed" and page.next_cursor is None
+        failed_only = list_imports.sync(client=client, state=ListImportsState.FAILED)
+        assert isinstance(failed_only, JobList) and failed_only.items == []
+
+        # The job is finished: its stream holds every event and ends after the final one.
+        stream = stream_import_events.sync(client=client, job_id=accepted.job_id)
+        assert isinstance(stream, str)
+        assert [line for line in stream.splitlines() if line.startswith("event: ")] == [
+            "event: waiting", "event: active", "event: progress", "event: progress", "event: completed",
+        ]
 
         shipment = get_shipment.sync(client=client, batch_id="gen-1")
         assert isinstance(shipment, Shipment) and shipment.state.value == "applied"
@@ -92,6 +109,12 @@ def test_the_generated_client_drives_a_full_import(system: System, importer_clie
         assert invalid.status_code == 422 and isinstance(invalid.parsed, Problem)
         assert invalid.parsed.code == "request.invalid"
         assert "batchId" in invalid.parsed.fields.additional_properties
+
+    with importer_client.AuthenticatedClient(base_url=system.base_url, token=system.other_key) as other:
+        theirs = list_imports.sync(client=other)
+        assert isinstance(theirs, JobList) and theirs.items == []
+        hidden = stream_import_events.sync_detailed(client=other, job_id="shipment-gen-1")
+        assert hidden.status_code == 404 and isinstance(hidden.parsed, Problem) and hidden.parsed.code == "job.not_found"
 
     with importer_client.Client(base_url=system.base_url) as anonymous:
         unauthorized = get_import.sync_detailed(client=anonymous, job_id="shipment-gen-1")
