@@ -203,3 +203,42 @@ def test_retention_removes_a_record_from_its_owners_list_and_its_event_stream(ma
     assert store.client.zcard(store.keys.owner_jobs("owner-a")) == 1
     assert not store.client.exists(store.keys.job_events("shipment-rt-1"))
     assert store.client.exists(store.keys.job_events("shipment-rt-2"))
+
+
+def _submit_wait(system: System, batch_id: str, *extra: str) -> Any:
+    import subprocess
+    import sys
+
+    from tests.integration.support import ROOT
+
+    env = {**system.env, "IMPORTER_API_KEY": system.api_key, "IMPORTER_URL": system.base_url}
+    return subprocess.run(
+        [sys.executable, "-m", "importer.adapters.cli", "submit", str(FIXTURES / "shipment-a-2026.csv"),
+         "--batch-id", batch_id, "--wait", *extra],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_submit_wait_prints_every_milestone_from_the_stream(system: System) -> None:
+    out = _submit_wait(system, "cli-live")
+    assert out.returncode == 0, out.stdout + out.stderr
+    shown = [line.split(" elapsed=")[0] for line in out.stdout.splitlines()[1:-1]]
+    # Polling could miss the short-lived 'validated'; the stream delivers each event.
+    assert shown == [
+        "waiting   phase=- rows=- attempt=0",
+        "active    phase=- rows=- attempt=1",
+        "active    phase=validated rows=3 attempt=1",
+        "active    phase=committed rows=3 attempt=1",
+        "completed phase=committed rows=3 attempt=1",
+    ], out.stdout
+    assert out.stdout.splitlines()[-1] == 'completed shipment-cli-live: {"imported": 3, "batchId": "cli-live"}'
+
+
+def test_submit_wait_falls_back_to_polling_when_no_stream_is_allowed(make_system: Any) -> None:
+    system = make_system(IMPORTER_MAX_EVENT_STREAMS="0")
+    system.start_worker()
+    system.start_http()
+    assert system.request("GET", "/api/imports/shipment-x/events")[0] == 404
+    out = _submit_wait(system, "cli-poll")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.splitlines()[-1] == 'completed shipment-cli-poll: {"imported": 3, "batchId": "cli-poll"}'

@@ -1,0 +1,99 @@
+"""Follows one import through ``GET /api/imports/{jobId}/events`` (Server-Sent
+Events) for ``importer submit --wait``.
+
+It reads the stream with the standard library, reconnects with
+``Last-Event-ID`` when the server ends a stream before the final event (its
+maximum duration, a restart), and says "unavailable" when there is no stream
+to read (an older server, a serverless deployment answering 501, a busy
+process answering 503, a proxy in the way): the caller then polls.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from typing import Any, Literal
+
+FINAL = ("completed", "failed")
+#: Seconds without a byte before the connection is given up (the server sends a heartbeat every 15 s).
+READ_TIMEOUT_S = 45.0
+
+Outcome = Literal["finished", "unavailable", "timeout"]
+
+
+def apply_event(view: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:
+    """The job as last seen: state, attempt, progress, after one event."""
+    out = dict(view, attempt=event.get("attempt", view.get("attempt", 0)))
+    kind, data = event.get("event"), event.get("data") or {}
+    if kind in ("waiting", "active", "retrying", "completed", "failed"):
+        out["state"] = kind
+    if kind == "active":
+        out["progress"] = None
+    elif kind == "progress":
+        out["progress"] = data
+        if out.get("state") == "waiting":
+            out["state"] = "active"
+    return out
+
+
+def _messages(response: Any) -> Any:
+    """Yield each SSE data message of a response as a dict (comments and retry lines skipped)."""
+    fields: dict[str, str] = {}
+    for raw in response:
+        line = raw.decode("utf-8", "replace").rstrip("\r\n")
+        if line == "":
+            if "data" in fields:
+                yield json.loads(fields["data"])
+            fields = {}
+        elif not line.startswith(":"):
+            name, _, value = line.partition(":")
+            fields[name] = value[1:] if value.startswith(" ") else value
+
+
+def follow_stream(
+    url: str, key: str, job_id: str, *, deadline: float, on_event: Callable[[dict[str, Any]], None],
+    clock: Callable[[], float] = time.monotonic, attempts: int = 5,
+) -> Outcome:
+    """Read the job's events until its final one, calling on_event for each.
+
+    "finished": the final event arrived (read the record for the result);
+    "unavailable": no stream here, poll instead; "timeout": the deadline passed.
+    """
+    last_id = ""
+    failures = 0
+    path = f"{url}/api/imports/{urllib.parse.quote(job_id)}/events"
+    while clock() < deadline:
+        request = urllib.request.Request(path, headers={"Authorization": f"Bearer {key}", "Accept": "text/event-stream"})
+        if last_id:
+            request.add_header("Last-Event-ID", last_id)
+        try:
+            read_timeout = min(READ_TIMEOUT_S, max(0.5, deadline - clock()))
+            with urllib.request.urlopen(request, timeout=read_timeout) as response:
+                if not response.headers.get("Content-Type", "").startswith("text/event-stream"):
+                    return "unavailable"
+                for event in _messages(response):
+                    if event.get("id"):
+                        last_id = event["id"]
+                    on_event(event)
+                    failures = 0
+                    if event.get("event") in FINAL:
+                        return "finished"
+                    if clock() >= deadline:
+                        return "timeout"
+        except urllib.error.HTTPError as err:
+            err.close()
+            return "unavailable"  # 404 from an older server, 501 serverless, 503 busy: the caller polls
+        except (OSError, ValueError):
+            if clock() >= deadline:
+                return "timeout"
+            failures += 1
+            if failures >= attempts:
+                return "unavailable"
+            time.sleep(min(2.0, 0.2 * 2**failures))
+        # The server ended the stream before the final event (its maximum
+        # duration, or it is shutting down): reconnect after the last id.
+    return "timeout"
