@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run demo test unit integration openapi bench clean
+.PHONY: run demo test test-browser unit integration openapi bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
+# The console in Debian's chromium (apt-get install -y chromium); fails when it is missing.
+# IMPORTER_UPDATE_SCREENSHOT=1 make test-browser also rewrites docs/console.png.
+test-browser: $(STAMP)
+	IMPORTER_BROWSER_TESTS=required $(BIN)/python -m pytest tests/browser -m browser
+
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit
 
@@ -36,4 +41,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/run.py
 
 clean:
-	rm -rf $(VENV) .importer-data .pytest_cache .hypothesis
+	rm -rf $(VENV) .importer-data .pytest_cache .hypothesis test-artifacts

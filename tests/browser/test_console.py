@@ -1,0 +1,208 @@
+"""The console in a real Chromium against real `importer serve` + `importer
+worker` + Redis: upload, watch it live, read a failed file's issues, list,
+owners, error messages, keyboard, phone width, contrast."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.browser.conftest import Screenshots, unique
+from tests.integration.support import FIXTURES, ROOT, System
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+
+DOC_SCREENSHOT = ROOT / "docs" / "console.png"
+
+
+def expect(locator: Any) -> Any:
+    from playwright.sync_api import expect as pw_expect
+
+    return pw_expect(locator)
+
+
+def open_console(page: Any, system: System, key: str) -> None:
+    """Open the page and paste the key, with the keyboard only."""
+    page.goto(system.base_url + "/")
+    page.keyboard.press("Tab")  # the skip link
+    page.keyboard.press("Tab")  # the key field
+    assert page.evaluate("document.activeElement.id") == "key-input"
+    page.keyboard.type(key)
+    page.keyboard.press("Enter")
+    expect(page.locator("#key-set")).to_be_visible()
+    assert key not in page.url
+
+
+def copy_fixture(tmp_path: Path, name: str, as_name: str) -> Path:
+    target = tmp_path / as_name
+    shutil.copyfile(FIXTURES / name, target)
+    return target
+
+
+def test_upload_and_watch_it_complete_live(console_system: System, new_page: Any, shots: Screenshots, tmp_path: Path) -> None:
+    page = new_page()
+    open_console(page, console_system, console_system.api_key)
+    page.evaluate("window.__sameDocument = true")
+    batch = unique("shipment-a-2026")
+    page.set_input_files("#file-input", str(copy_fixture(tmp_path, "shipment-a-2026.csv", batch + ".csv")))
+    expect(page.locator("#batch-input")).to_have_value(batch)  # suggested from the file name
+    shots.take(page, "file-chosen")
+    page.click("#send-button")
+
+    expect(page.locator("#send-result")).to_contain_text(f"202 Accepted: job shipment-{batch}")
+    expect(page.locator("#job-state")).to_have_text("completed", timeout=60_000)
+    shots.take(page, "completed")
+    expect(page.locator("#job-attempt")).to_have_text("(attempt 1)")
+    expect(page.locator("#job-steps li[data-step=validated]")).to_have_text("validated (3 rows)")
+    expect(page.locator("#job-result")).to_have_text("Imported 3 rows.")
+    # Every milestone came through the event stream (only the stream fills this log).
+    events = page.locator("#job-events li").all_text_contents()
+    assert events == [
+        "waiting", "active attempt 1", "progress validated (3 rows) attempt 1",
+        "progress committed (3 rows) attempt 1", "completed attempt 1",
+    ], events
+    assert page.evaluate("window.__sameDocument") is True  # no reload
+    expect(page.locator("#announce")).to_have_text(f"Import shipment-{batch} completed.")
+    status, record = console_system.get_job(f"shipment-{batch}")
+    assert status == 200 and record["state"] == "completed"
+
+
+def test_an_invalid_file_shows_its_located_issues(console_system: System, new_page: Any, shots: Screenshots, tmp_path: Path) -> None:
+    page = new_page()
+    open_console(page, console_system, console_system.api_key)
+    batch = unique("bad-quantity")
+    page.set_input_files("#file-input", str(copy_fixture(tmp_path, "invalid-bad-quantity.csv", batch + ".csv")))
+    page.click("#send-button")
+    expect(page.locator("#job-state")).to_have_text("failed", timeout=60_000)
+    shots.take(page, "failed")
+    expect(page.locator("#job-error-code")).to_have_text("csv.bad_quantity")
+    expect(page.locator("#job-error-message")).to_have_text("A quantity is a whole number from 1 to 1000000, digits only.")
+    rows = page.locator("#issues-table tbody tr")
+    expect(rows).to_have_count(2)
+    assert rows.nth(0).locator("td").all_inner_texts() == [
+        "2", "2", "csv.bad_quantity", "quantity 'abc' is not a whole number from 1 to 1000000",
+    ]
+    assert rows.nth(1).locator("td").all_inner_texts()[:3] == ["3", "2", "csv.bad_quantity"]
+    # Announced to screen readers.
+    alert = page.locator("#alert")
+    expect(alert).to_have_attribute("aria-live", "assertive")
+    expect(alert).to_contain_text("failed: csv.bad_quantity")
+
+
+def test_the_list_updates_live_filters_and_opens_and_another_owner_sees_nothing(
+    console_system: System, new_page: Any, shots: Screenshots, tmp_path: Path,
+) -> None:
+    page = new_page()
+    open_console(page, console_system, console_system.api_key)
+    # An import sent from elsewhere (curl, the CLI) appears without a reload.
+    batch = unique("from-curl")
+    status, _ = console_system.post_csv(batch, (FIXTURES / "shipment-a-2026.csv").read_bytes().replace(b"10", b"14"))
+    assert status == 202
+    failed_batch = unique("bad-header")
+    assert console_system.post_csv(failed_batch, (FIXTURES / "invalid-bad-header.csv").read_bytes())[0] == 202
+    console_system.wait_state(f"shipment-{failed_batch}")
+    row = page.locator(f"#list-table tbody tr[data-job-id='shipment-{batch}']")
+    expect(row).to_be_visible(timeout=30_000)
+    expect(row.locator(".badge")).to_have_text("completed", timeout=30_000)
+    shots.take(page, "list")
+
+    page.select_option("#state-filter", "failed")
+    expect(page.locator(f"#list-table tbody tr[data-job-id='shipment-{batch}']")).to_have_count(0)
+    expect(page.locator(f"#list-table tbody tr[data-job-id='shipment-{failed_batch}']")).to_be_visible()
+    states = page.locator("#list-table tbody .badge").all_inner_texts()
+    assert set(states) == {"failed"}, states
+    page.select_option("#state-filter", "")
+    row.get_by_role("button", name=f"Open {batch}").click()
+    expect(page.locator("#job-id")).to_have_text(f"shipment-{batch}")
+    expect(page.locator("#job-state")).to_have_text("completed")
+
+    if os.environ.get("IMPORTER_UPDATE_SCREENSHOT") == "1":
+        DOC_SCREENSHOT.parent.mkdir(exist_ok=True)
+        page.screenshot(path=str(DOC_SCREENSHOT), full_page=True)
+
+    # Another producer, in another tab session: nothing of owner-a's.
+    other = new_page()
+    open_console(other, console_system, console_system.other_key)
+    expect(other.locator("#list-empty")).to_be_visible()
+    expect(other.locator("#list-table tbody tr")).to_have_count(0)
+    probe = other.evaluate(
+        """async (jobId) => {
+            const key = sessionStorage.getItem("importer.apiKey");
+            const r = await fetch("/api/imports/" + jobId + "/events", {headers: {Authorization: "Bearer " + key}});
+            return [r.status, await r.text()];
+        }""",
+        f"shipment-{batch}",
+    )
+    assert probe[0] == 404 and json.loads(probe[1])["code"] == "job.not_found"
+    shots.take(other, "other-owner")
+
+
+def test_clear_messages_for_refusals(console_system: System, new_page: Any, shots: Screenshots, tmp_path: Path) -> None:
+    page = new_page()
+    open_console(page, console_system, "imp_not-a-key")
+    expect(page.locator("#alert")).to_contain_text("The API key was refused")
+    page.click("#key-forget")
+    page.fill("#key-input", console_system.api_key)
+    page.press("#key-input", "Enter")
+
+    batch = unique("conflict")
+    console_system.post_csv(batch, (FIXTURES / "shipment-a-2026.csv").read_bytes())
+    page.set_input_files("#file-input", str(copy_fixture(tmp_path, "invalid-duplicate-sku.csv", batch + ".csv")))
+    page.click("#send-button")
+    expect(page.locator("#alert")).to_contain_text("batchId is already used")
+
+    big = tmp_path / "big.csv"
+    big.write_text("sku,quantity\n" + "".join(f"SKU-{i:05d},1\n" for i in range(400)))
+    page.set_input_files("#file-input", str(big))
+    page.click("#send-button")
+    expect(page.locator("#alert")).to_contain_text("larger than the server accepts")
+
+    # 429 and 503 as the server sends them (answers substituted in the browser).
+    def problem(status: int, code: str, retry_after: str) -> Any:
+        def fulfil(route: Any) -> None:
+            route.fulfill(status=status, headers={"Retry-After": retry_after, "Content-Type": "application/problem+json"},
+                          body=json.dumps({"status": status, "code": code, "title": "", "detail": "", "type": ""}))
+        return fulfil
+
+    page.route(re.compile(r".*/api/imports\?batchId=.*"), problem(429, "request.rate_limited", "7"))
+    page.set_input_files("#file-input", str(copy_fixture(tmp_path, "shipment-a-2026.csv", unique("rl") + ".csv")))
+    page.click("#send-button")
+    expect(page.locator("#alert")).to_contain_text("Wait 7 seconds")
+    page.unroute(re.compile(r".*/api/imports\?batchId=.*"))
+    page.route(re.compile(r".*/api/imports\?batchId=.*"), problem(503, "service.unavailable", "5"))
+    page.click("#send-button")
+    expect(page.locator("#alert")).to_contain_text("The service is unavailable right now")
+    shots.take(page, "503")
+
+
+def test_phone_width_and_contrast(console_system: System, new_page: Any, shots: Screenshots) -> None:
+    page = new_page(width=360, height=740)
+    open_console(page, console_system, console_system.api_key)
+    expect(page.locator("#list-table")).to_be_visible()
+    shots.take(page, "phone")
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    # WCAG 2.1 AA: every visible text on its effective background >= 4.5:1.
+    worst = page.evaluate(
+        """() => {
+          const lum = (c) => { const [r, g, b] = c.match(/[\\d.]+/g).slice(0, 3).map(Number).map(v => {
+              v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); });
+            return 0.2126 * r + 0.7152 * g + 0.0722 * b; };
+          const bg = (el) => { for (; el; el = el.parentElement) { const c = getComputedStyle(el).backgroundColor;
+              if (c && !c.startsWith("rgba(0, 0, 0, 0)")) return c; } return "rgb(255, 255, 255)"; };
+          const out = [];
+          for (const el of document.querySelectorAll("body *")) {
+            if (!el.offsetParent || ![...el.childNodes].some(n => n.nodeType === 3 && n.textContent.trim())) continue;
+            const a = lum(getComputedStyle(el).color), b = lum(bg(el));
+            out.push([(Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05), el.tagName + "#" + el.id + "." + el.className]);
+          }
+          out.sort((x, y) => x[0] - y[0]);
+          return out.slice(0, 3);
+        }"""
+    )
+    assert worst and worst[0][0] >= 4.5, worst
