@@ -37,14 +37,14 @@ def decode_cursor(text: str) -> tuple[int, str] | None:
 def list_imports(api: Api, req: Request) -> Response:
     """GET /api/imports: the caller's job records, newest first, one page."""
     errors: dict[str, list[str]] = {}
-    limit_text = req.query.get("limit", "")
     limit = DEFAULT_LIMIT
-    if limit_text != "":
+    if "limit" in req.query:
+        limit_text = req.query["limit"]
         if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_LIMIT:
             errors["limit"] = [f"Must be a whole number from 1 to {MAX_LIMIT}."]
         else:
             limit = int(limit_text)
-    state = req.query.get("state") or None
+    state = req.query.get("state")
     if state is not None and state not in JOB_STATES:
         errors["state"] = ["Must be one of " + ", ".join(JOB_STATES) + "."]
     after = None

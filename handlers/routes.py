@@ -118,8 +118,23 @@ ROUTES: tuple[Route, ...] = (
         ],
         "responses": {
             "200": {
-                "description": "The event stream (each data line is a JobEvent).",
-                "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                "description": "The event stream: a sequence of server-sent events, each described by this schema.",
+                # The body is text; read as a sequence of events (as OpenAPI 3.2's
+                # itemSchema puts it, and schemathesis checks it), each event is the object.
+                "content": {"text/event-stream": {"schema": {"anyOf": [{"type": "string"}, {
+                    "type": "object",
+                    "required": ["data"],
+                    "properties": {
+                        "id": {"type": "string", "description": "The event's stream id (send it back as Last-Event-ID)."},
+                        "event": {"type": "string", "enum": ["waiting", "active", "progress", "retrying", "completed", "failed"]},
+                        "data": {
+                            "type": "string", "description": "A JobEvent as JSON.",
+                            "contentMediaType": "application/json",
+                            "contentSchema": {"$ref": "#/components/schemas/JobEvent"},
+                        },
+                        "retry": {"type": "integer", "description": "Milliseconds to wait before reconnecting."},
+                    },
+                }]}}},
             },
         },
     }, errors=(*_API_ERRORS, "job.not_found", "request.stream_unsupported", "service.busy"), error_notes={

@@ -121,7 +121,7 @@ def test_list_filters_by_state() -> None:
 
 @pytest.mark.parametrize("query,field", [
     ("limit=0", "limit"), ("limit=101", "limit"), ("limit=x", "limit"),
-    ("state=done", "state"), ("cursor=bm9wZQ", "cursor"), ("cursor=%25%25", "cursor"),
+    ("state=done", "state"), ("state=", "state"), ("limit=", "limit"), ("cursor=bm9wZQ", "cursor"), ("cursor=%25%25", "cursor"),
 ])
 def test_list_refuses_bad_parameters_with_422(query: str, field: str) -> None:
     h = harness()
