@@ -242,3 +242,18 @@ def test_submit_wait_falls_back_to_polling_when_no_stream_is_allowed(make_system
     out = _submit_wait(system, "cli-poll")
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.splitlines()[-1] == 'completed shipment-cli-poll: {"imported": 3, "batchId": "cli-poll"}'
+
+
+def test_a_stopping_server_ends_its_streams_and_exits_cleanly(make_system: Any) -> None:
+    system = make_system(IMPORTER_EVENT_STREAM_HEARTBEAT="1", IMPORTER_HTTP_DRAIN_DELAY="1")
+    http_proc = system.start_http()
+    system.post_csv("es-stop", SEED)
+    stream = Stream(system, "shipment-es-stop")
+    assert stream.next_event()["event"] == "waiting"
+    started = time.monotonic()
+    http_proc.popen.send_signal(15)  # SIGTERM
+    assert stream.rest() == []  # the server ended the stream
+    stream.close()
+    assert ": server closing, reconnect with Last-Event-ID" in stream.lines
+    assert http_proc.popen.wait(timeout=30) == 0
+    assert time.monotonic() - started < 20
