@@ -8,7 +8,7 @@ streams, same persistence) rather than an emulation like fakeredis.
 install and has had no release since 2023.
 
 Data is kept on local disk (AOF on), with ``maxmemory-policy noeviction``:
-the settings this service requires of any Redis (SPEC section 12).
+the settings this service requires of any Redis (README, "Operations").
 """
 
 from __future__ import annotations

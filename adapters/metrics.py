@@ -18,9 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from importer.adapters.redis_store import RedisStore, StoreUnavailable
-
-#: Must match DURATION_BUCKETS_MS in adapters/lua/common.lua.
-DURATION_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
+from importer.adapters.scripts import DURATION_BUCKETS_MS  # the buckets the scripts count into
 
 
 class QueueCollector(Collector):

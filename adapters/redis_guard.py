@@ -1,4 +1,4 @@
-"""Checks the Redis this service runs on (SPEC section 12).
+"""Checks the Redis this service runs on (README, "Operations").
 
 Stock, done markers and job records must never be evicted: a Redis whose
 ``maxmemory-policy`` is not ``noeviction`` could silently drop a done marker

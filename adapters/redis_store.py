@@ -12,15 +12,14 @@ import json
 from collections.abc import Callable, Iterator
 from functools import cache
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 
 from importer.adapters.scripts import SCRIPT_NAMES, lua_source
 from importer.adapters.settings import Settings
 from importer.domain.errors import PublicError
-from importer.domain.jobs import JobRecord, ShipmentRecord
+from importer.domain.jobs import JobRecord, JobState, ShipmentRecord
 from importer.domain.ports import ApplyResult, EnqueueOutcome, StartedAttempt, StartOutcome
 from importer.domain.shipment import Shipment
 from importer.domain.stock import MAX_STOCK
@@ -43,7 +42,11 @@ def _translate() -> Iterator[None]:
 
 
 class Keys:
-    """Key names under one hash-tagged prefix (see adapters/lua/common.lua)."""
+    """Every key name, under one hash-tagged prefix: the one place they are made.
+
+    The Lua scripts get them as KEYS, or as name prefixes in ARGV for keys they
+    only discover inside (see the layout in adapters/lua/common.lua).
+    """
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -51,11 +54,15 @@ class Keys:
         self.generation = f"{prefix}generation"
         self.journal = f"{prefix}journal"
         self.events = f"{prefix}events"
+        self.stats = f"{prefix}stats"
         self.unsent = f"{prefix}jobs:unsent"
         self.waiting = f"{prefix}jobs:waiting"
         self.active = f"{prefix}jobs:active"
         self.completed = f"{prefix}jobs:completed"
         self.failed = f"{prefix}jobs:failed"
+        #: dramatiq's Redis broker namespace (its queues) and the sweeper's lock.
+        self.dramatiq = f"{prefix}dramatiq"
+        self.sweeper_lock = f"{prefix}sweeper:lock"
 
     def job(self, job_id: str) -> str:
         return f"{self.prefix}job:{job_id}"
@@ -77,13 +84,16 @@ class Keys:
     def rate(self, owner: str, window: int) -> str:
         return f"{self.prefix}rate:{owner}:{window}"
 
-    @property
-    def stats(self) -> str:
-        return f"{self.prefix}stats"
+    def completed_of(self, owner: str) -> str:
+        """One owner's completed records (retention counts per owner)."""
+        return f"{self.completed}:{owner}"
+
+    def failed_of(self, owner: str) -> str:
+        """One owner's failed records (retention counts per owner)."""
+        return f"{self.failed}:{owner}"
 
 
-@dataclass(frozen=True)
-class QueueStats:
+class QueueStats(NamedTuple):
     """Queue-wide numbers for /metrics, read from Redis at scrape time."""
 
     waiting: int
@@ -113,11 +123,12 @@ def _error_json(code: str) -> str:
 
 def _job_record(raw: dict[Any, Any]) -> JobRecord:
     f = {_s(key): value for key, value in raw.items()}
+    state = JobState(_s(f.get("state")))
     return JobRecord(
         id=_s(f.get("id")),
         batch_id=_s(f.get("batchId")),
         owner=_s(f.get("owner")),
-        state=_s(f.get("state")),
+        state=state,
         attempt=int(f.get("attempt") or 0),
         progress=_json_or_none(f.get("progress")),
         result=_json_or_none(f.get("result")),
@@ -126,9 +137,21 @@ def _job_record(raw: dict[Any, Any]) -> JobRecord:
         updated_at_ms=int(f.get("updatedAt") or 0),
         started_at_ms=_int_or_none(f.get("startedAt")),
         finished_at_ms=_int_or_none(f.get("finishedAt")),
-        next_attempt_at_ms=_int_or_none(f.get("nextAttemptAt")) if _s(f.get("state")) == "retrying" else None,
+        next_attempt_at_ms=_int_or_none(f.get("nextAttemptAt")) if state is JobState.RETRYING else None,
         content_sha256=_s(f.get("contentSha256")),
         upload_id=_s(f.get("uploadId")),
+    )
+
+
+def _shipment_record(raw: dict[Any, Any]) -> ShipmentRecord:
+    f = {_s(key): value for key, value in raw.items()}
+    return ShipmentRecord(
+        batch_id=_s(f.get("batchId")),
+        owner=_s(f.get("owner")),
+        applied_at_ms=int(f.get("appliedAt") or 0),
+        result=json.loads(f["result"]),
+        content_sha256=_s(f.get("contentSha256")),
+        job_id=_s(f.get("jobId")),
     )
 
 
@@ -196,7 +219,7 @@ class RedisStore:
         if kind == "rate_limited":
             return EnqueueOutcome("rate_limited", retry_after_ms=int(reply[1]))
         if kind == "created":
-            return EnqueueOutcome("created", "waiting")
+            return EnqueueOutcome("created", JobState.WAITING)
         if kind == "exists":
             return EnqueueOutcome("exists", _s(reply[1]))
         return EnqueueOutcome("conflict")
@@ -225,15 +248,24 @@ class RedisStore:
 
     # -- worker side ---------------------------------------------------
 
+    def _job_step(self, job_id: str) -> tuple[list[Any], list[Any]]:
+        """The KEYS and ARGV that start, apply and fail share (common.lua, "Job steps")."""
+        k, s = self.keys, self.settings
+        return (
+            [k.job(job_id), k.events, k.active, k.failed, k.stats],
+            [
+                job_id, s.events_maxlen, k.job(""), k.upload(""), k.owner_jobs(""), k.failed_of(""),
+                s.keep_failed_age_s * 1000, s.keep_failed_count,
+            ],
+        )
+
     def start_attempt(self, job_id: str, upload_id: str) -> StartOutcome:
         k, s = self.keys, self.settings
+        keys, args = self._job_step(job_id)
         with _translate():
             reply = self._scripts["start"](
-                keys=[k.job(job_id), k.upload(upload_id), k.waiting, k.unsent, k.active, k.failed, k.events],
-                args=[
-                    job_id, upload_id, self._now(), s.max_attempts, s.events_maxlen, k.prefix,
-                    s.keep_failed_age_s * 1000, s.keep_failed_count, _error_json("import.attempts_exhausted"),
-                ],
+                keys=[*keys, k.upload(upload_id), k.waiting, k.unsent],
+                args=[*args, upload_id, s.max_attempts, _error_json("import.attempts_exhausted")],
             )
         kind = _s(reply[0])
         if kind == "started":
@@ -254,11 +286,12 @@ class RedisStore:
         call); pipelining it with the apply saves a round trip per import.
         """
         k, s = self.keys, self.settings
-        now = self._now()
         progress = json.dumps({"phase": "validated", "rows": shipment.row_count}, separators=(",", ":"))
-        args: list[Any] = [
-            job_id, batch_id, shipment.content_sha256, owner, now, attempt, MAX_STOCK, s.events_maxlen, k.prefix,
-            s.keep_completed_age_s * 1000, s.keep_completed_count, s.keep_failed_age_s * 1000, s.keep_failed_count,
+        keys, args = self._job_step(job_id)
+        keys += [k.stock, k.generation, k.done(batch_id), k.journal, k.completed, k.upload(upload_id)]
+        args += [
+            batch_id, shipment.content_sha256, owner, attempt, MAX_STOCK,
+            k.completed_of(""), s.keep_completed_age_s * 1000, s.keep_completed_count,
             _error_json("batch.conflict"), _error_json("stock.overflow"),
         ]
         for row in shipment.rows:
@@ -266,11 +299,8 @@ class RedisStore:
             args.append(row.quantity)
         with _translate():
             _, reply = self._pipelined([
-                ("progress", [k.job(job_id), k.events], [job_id, now, progress, attempt, s.events_maxlen]),
-                ("apply", [
-                    k.stock, k.generation, k.done(batch_id), k.journal, k.job(job_id), k.events,
-                    k.active, k.completed, k.failed, k.upload(upload_id),
-                ], args),
+                ("progress", [k.job(job_id), k.events], [job_id, self._now(), progress, attempt, s.events_maxlen]),
+                ("apply", keys, args),
             ])
         kind = _s(reply[0])
         if kind in ("applied", "replayed"):
@@ -280,22 +310,38 @@ class RedisStore:
     def record_failure(
         self, *, job_id: str, attempt: int | None, final: bool, error: PublicError, diagnostic: str, next_attempt_at_ms: int | None
     ) -> str:
-        k, s = self.keys, self.settings
+        keys, args = self._job_step(job_id)
         with _translate():
             reply = self._scripts["fail"](
-                keys=[k.job(job_id), k.events, k.active, k.failed],
+                keys=keys,
                 args=[
-                    job_id, self._now(), "" if attempt is None else attempt, "1" if final else "0",
+                    *args, "" if attempt is None else attempt, "1" if final else "0",
                     json.dumps(error.to_dict(), separators=(",", ":")), diagnostic[:4000],
-                    next_attempt_at_ms if next_attempt_at_ms is not None else "", s.events_maxlen, k.prefix,
-                    s.keep_failed_age_s * 1000, s.keep_failed_count,
+                    next_attempt_at_ms if next_attempt_at_ms is not None else "",
                 ],
             )
         return _s(reply[0])
 
     # -- reads -----------------------------------------------------------
 
+    def _owned(self, key: str, owner: str) -> dict[bytes, bytes]:
+        """The hash at key when its owner field is owner, else {} (read_owned.lua)."""
+        with _translate():
+            flat = self._scripts["read_owned"](keys=[key], args=[owner])
+        return dict(zip(flat[::2], flat[1::2]))
+
+    def get_owned_job(self, job_id: str, owner: str) -> JobRecord | None:
+        """The job record, or None when it is missing or another owner's (the same work for both)."""
+        raw = self._owned(self.keys.job(job_id), owner)
+        return _job_record(raw) if raw else None
+
+    def get_owned_shipment(self, batch_id: str, owner: str) -> ShipmentRecord | None:
+        """The done marker, or None when the batch was never applied or is another owner's."""
+        raw = self._owned(self.keys.done(batch_id), owner)
+        return _shipment_record(raw) if raw else None
+
     def get_job(self, job_id: str) -> JobRecord | None:
+        """Whoever owns it: for operators (``importer inspect``). The API reads get_owned_job."""
         with _translate():
             raw = self.client.hgetall(self.keys.job(job_id))
         return _job_record(raw) if raw else None
@@ -366,30 +412,6 @@ class RedisStore:
         with _translate():
             return _s(self.client.hget(self.keys.job(job_id), "diagnostic"))
 
-    def get_shipment(self, batch_id: str) -> ShipmentRecord | None:
-        with _translate():
-            raw = self.client.hgetall(self.keys.done(batch_id))
-        if not raw:
-            return None
-        f = {_s(key): value for key, value in raw.items()}
-        return ShipmentRecord(
-            batch_id=_s(f.get("batchId")),
-            owner=_s(f.get("owner")),
-            applied_at_ms=int(f.get("appliedAt") or 0),
-            result=json.loads(f["result"]),
-            content_sha256=_s(f.get("contentSha256")),
-            job_id=_s(f.get("jobId")),
-        )
-
-    def stock_of(self, skus: list[str]) -> dict[str, int]:
-        with _translate():
-            values = self.client.hmget(self.keys.stock, skus) if skus else []
-        return {sku: int(v) if v is not None else 0 for sku, v in zip(skus, values)}
-
-    def generation(self) -> int:
-        with _translate():
-            return int(self.client.get(self.keys.generation) or 0)
-
     def queue_stats(self) -> QueueStats:
         k = self.keys
         with _translate():
@@ -405,18 +427,3 @@ class RedisStore:
     def ping(self) -> bool:
         with _translate():
             return bool(self.client.ping())
-
-    def delete_job_record(self, job_id: str) -> None:
-        """Remove a job record as retention would (tests and operators)."""
-        with _translate():
-            upload_id = self.client.hget(self.keys.job(job_id), "uploadId")
-            pipe = self.client.pipeline(transaction=True)
-            owner = self.client.hget(self.keys.job(job_id), "owner")
-            pipe.delete(self.keys.job(job_id), self.keys.job_events(job_id))
-            if owner:
-                pipe.zrem(self.keys.owner_jobs(_s(owner)), job_id)
-            if upload_id:
-                pipe.delete(self.keys.upload(_s(upload_id)))
-            for index in (self.keys.completed, self.keys.failed, self.keys.waiting, self.keys.unsent, self.keys.active):
-                pipe.zrem(index, job_id)
-            pipe.execute()

@@ -3,7 +3,7 @@
 The message carries references, never the CSV itself, so its size does not
 depend on the file's size.
 
-Rolling upgrade order (SPEC section 11): first deploy workers that accept both
+Rolling upgrade order (README, "Contract versions"): first deploy workers that accept both
 the old and the new version (``IMPORTER_ACCEPTED_VERSIONS=1,2``), then the
 producers that emit the new one (``IMPORTER_PRODUCER_VERSION=2``), then drop
 the old version from the workers once no old message remains in the queue.

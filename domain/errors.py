@@ -108,14 +108,6 @@ class RateLimited(DomainError):
         self.retry_after_s = retry_after_s
 
 
-class StockOverflow(DomainError):
-    code = "stock.overflow"
-
-    def __init__(self, sku: str) -> None:
-        super().__init__(f"sku {sku} would overflow")
-        self.sku = sku
-
-
 class UnsupportedContractVersion(DomainError):
     code = "contract.unsupported_version"
 

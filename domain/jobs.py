@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from enum import StrEnum
 
-JobState = Literal["waiting", "active", "retrying", "completed", "failed"]
-FINISHED_STATES = frozenset({"completed", "failed"})
+
+class JobState(StrEnum):
+    """The states of a job record. The Lua scripts write the same strings
+    (tests/unit/test_lua_scripts.py checks that they use no other)."""
+
+    WAITING = "waiting"
+    ACTIVE = "active"
+    RETRYING = "retrying"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+FINISHED_STATES = frozenset({JobState.COMPLETED, JobState.FAILED})
 
 
 @dataclass(frozen=True)
@@ -14,7 +25,7 @@ class JobRecord:
     id: str
     batch_id: str
     owner: str
-    state: str
+    state: JobState
     attempt: int
     progress: dict[str, object] | None
     result: dict[str, object] | None
@@ -27,10 +38,6 @@ class JobRecord:
     next_attempt_at_ms: int | None = None
     content_sha256: str = ""
     upload_id: str = ""
-
-    @property
-    def finished(self) -> bool:
-        return self.state in FINISHED_STATES
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,9 @@ from dataclasses import dataclass
 
 from importer.domain.errors import CsvInvalid, CsvIssue
 
+#: The one definition of a batchId; the HTTP schemas, routes and openapi.yaml take it from here.
 BATCH_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+BATCH_ID_RULE = "Must be 1-64 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit."
 SKU_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 MAX_QUANTITY = 1_000_000
 DEFAULT_MAX_ROWS = 100_000

@@ -3,7 +3,7 @@
 This is the reference the Redis Lua script (adapters/lua/apply.lua) must
 agree with; a property test runs both on the same sequences.
 
-Rule (SPEC section 4):
+Rule (README, "Exactly once"):
 1. If the batch was applied before (a done marker exists): same content hash
    -> a replay that returns the stored result and changes nothing; another
    hash -> a conflict that changes nothing.

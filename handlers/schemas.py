@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate
 
-from importer.domain.shipment import is_valid_batch_id
+from importer.domain.jobs import JobState
+from importer.domain.shipment import BATCH_ID_PATTERN, BATCH_ID_RULE, is_valid_batch_id
+
+_JOB_STATES = [state.value for state in JobState]
 
 
 def _batch_id(value: str) -> None:
     # fullmatch semantics: validate.Regexp's re.match lets "$" accept a trailing newline.
     if not is_valid_batch_id(value):
-        raise ValidationError("Must be 1-64 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit.")
+        raise ValidationError(BATCH_ID_RULE)
 
 
 class EnqueueRequestSchema(Schema):
@@ -18,7 +21,7 @@ class EnqueueRequestSchema(Schema):
         unknown = RAISE
 
     batchId = fields.String(required=True, validate=_batch_id, metadata={
-        "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+        "pattern": BATCH_ID_PATTERN,
         "description": "Names one shipment forever. Same batchId with other content is a conflict.",
         "example": "shipment-a-2026",
     })
@@ -34,7 +37,7 @@ JOB_STATES = ("waiting", "active", "retrying", "completed", "failed")
 class JobAcceptedSchema(Schema):
     jobId = fields.String(required=True, metadata={"example": "shipment-shipment-a-2026"})
     batchId = fields.String(required=True, metadata={"example": "shipment-a-2026"})
-    state = fields.String(required=True, validate=validate.OneOf(["waiting", "active", "retrying", "completed", "failed"]))
+    state = fields.String(required=True, validate=validate.OneOf(_JOB_STATES))
 
 
 class ProgressSchema(Schema):
@@ -65,7 +68,7 @@ class JobErrorSchema(Schema):
 class JobStatusSchema(Schema):
     id = fields.String(required=True, metadata={"example": "shipment-shipment-a-2026"})
     batchId = fields.String(required=True)
-    state = fields.String(required=True, validate=validate.OneOf(["waiting", "active", "retrying", "completed", "failed"]))
+    state = fields.String(required=True, validate=validate.OneOf(_JOB_STATES))
     attempt = fields.Integer(required=True, metadata={
         "description": "The current attempt (1-based; 0 before the first). progress always belongs to this attempt.",
     })

@@ -1,7 +1,10 @@
--- common.lua: helpers prepended to every Importer script (see adapters/scripts.py).
+-- common.lua: helpers prepended to every Importer script (see adapters/scripts.py,
+-- which also writes DURATION_BUCKETS_MS above this file).
 --
 -- Key layout, all under one prefix P that carries a hash tag, e.g. "{importer}:",
--- so that every key below hashes to one Redis Cluster slot:
+-- so that every key below hashes to one Redis Cluster slot. The names are
+-- made by the Keys class in adapters/redis_store.py and reach the scripts as
+-- KEYS, or as ARGV name prefixes for keys only known inside a script:
 --   P:stock                 hash    sku -> units on hand
 --   P:generation            string  bumped once per applied shipment
 --   P:done:<batchId>        hash    done marker: result, contentSha256, owner, appliedAt, jobId (kept forever)
@@ -11,8 +14,10 @@
 --   P:jobs:unsent           zset    jobId -> createdAt, recorded but message not yet confirmed sent
 --   P:jobs:waiting          zset    jobId -> createdAt, waiting for its first attempt
 --   P:jobs:active           zset    jobId -> startedAt of the current attempt
---   P:jobs:completed        zset    jobId -> finishedAt (retention index)
---   P:jobs:failed           zset    jobId -> finishedAt (retention index)
+--   P:jobs:completed        zset    jobId -> finishedAt (all owners: retention by age, metrics)
+--   P:jobs:failed           zset    jobId -> finishedAt (all owners: retention by age, metrics)
+--   P:jobs:completed:<owner> zset   jobId -> finishedAt (one owner's: retention by count)
+--   P:jobs:failed:<owner>   zset    jobId -> finishedAt (one owner's: retention by count)
 --   P:events                stream  every job change (approximate MAXLEN)
 --   P:events:<jobId>        stream  [console] the same entries for one job, under the same ids as in
 --                                   P:events (GET /api/imports/{jobId}/events reads it); removed with the record
@@ -22,14 +27,46 @@
 --                                   retries, rows_applied, replays, duration buckets)
 --   P:rate:<owner>:<window> string  POSTs of one owner in one rate-limit window (expires)
 --
--- Time: enqueue.lua uses the caller's clock (createdAt, rate-limit window);
--- start, apply and fail use the server's (server_ms), so that an attempt's
--- timestamps and duration are measured by one clock.
+-- Time: enqueue.lua and progress.lua use the caller's clock (createdAt,
+-- rate-limit window); start, apply and fail use the server's (server_ms), so
+-- that an attempt's timestamps and duration are measured by one clock.
 --
--- Retention deletes job and upload keys it finds in the retention indexes.
--- Those keys are built from P inside the script rather than passed in KEYS:
--- their names are only known once the index is read. They share P's hash
--- tag, so they live in the same slot as every declared key.
+-- Job steps: start.lua, apply.lua and fail.lua change a job's state and share
+-- their first KEYS and ARGV (read by job_step below), then add their own:
+--   KEYS[1] P:job:<jobId>   KEYS[2] P:events   KEYS[3] P:jobs:active
+--   KEYS[4] P:jobs:failed   KEYS[5] P:stats
+--   ARGV[1] jobId  ARGV[2] events maxlen  ARGV[3] 'P:job:'  ARGV[4] 'P:upload:'
+--   ARGV[5] 'P:jobs:owner:'  ARGV[6] 'P:jobs:failed:' (an owner's index is the prefix plus the owner)
+--   ARGV[7] keepFailedAgeMs  ARGV[8] keepFailedCount
+--
+-- Retention deletes job and upload keys it finds in the retention indexes,
+-- and keeps per-owner indexes; their names are only known once an index or a
+-- record is read, so they are built from the name prefixes in ARGV (and a
+-- job's own event stream by job_events_key, the rule Keys.job_events follows;
+-- a test checks both agree). They share P's hash tag, so they live in the
+-- same slot as every declared key.
+
+-- Milliseconds from the server's clock (TIME is allowed in scripts since
+-- Redis 5, which replicates effects rather than scripts).
+local function server_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function job_step()
+  return {
+    key = KEYS[1], events = KEYS[2], active = KEYS[3], failed = KEYS[4], stats = KEYS[5],
+    id = ARGV[1], maxlen = ARGV[2], job_prefix = ARGV[3], upload_prefix = ARGV[4],
+    owner_jobs_prefix = ARGV[5], failed_of = ARGV[6],
+    keep_failed_age = tonumber(ARGV[7]), keep_failed_count = tonumber(ARGV[8]),
+    now = server_ms(),
+  }
+end
+
+-- [console] One job's own event stream: P:events:<jobId> (Keys.job_events).
+local function job_events_key(events_key, job_id)
+  return events_key .. ':' .. job_id
+end
 
 -- Each event goes to P:events and [console] to P:events:<jobId> under the
 -- same id, so that a stream of one job reads only its own entries. pcall:
@@ -39,68 +76,86 @@ local function emit(events_key, maxlen, kind, job_id, batch_id, attempt, data)
   local id = redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*',
     'event', kind, 'jobId', job_id, 'batchId', batch_id,
     'attempt', attempt, 'data', data)
-  redis.pcall('XADD', events_key .. ':' .. job_id, 'MAXLEN', JOB_EVENTS_MAXLEN, id,
+  redis.pcall('XADD', job_events_key(events_key, job_id), 'MAXLEN', JOB_EVENTS_MAXLEN, id,
     'event', kind, 'jobId', job_id, 'batchId', batch_id,
     'attempt', attempt, 'data', data)
-end
-
--- Remove finished job records older than age_ms, then all but the newest
--- `count`. Bounded work per call (at most 2 x 1000 records); the rest goes on
--- the next state change.
-local function retain(index_key, prefix, now, age_ms, count)
-  local victims = redis.call('ZRANGEBYSCORE', index_key, '-inf', '(' .. (now - age_ms), 'LIMIT', 0, 1000)
-  local function drop(id)
-    local job_key = prefix .. 'job:' .. id
-    local upload_id = redis.call('HGET', job_key, 'uploadId')
-    if upload_id then redis.call('DEL', prefix .. 'upload:' .. upload_id) end
-    -- [console] the owner's index entry and the job's own event stream go with the record
-    local owner = redis.call('HGET', job_key, 'owner')
-    if owner then redis.call('ZREM', prefix .. 'jobs:owner:' .. owner, id) end
-    redis.call('DEL', prefix .. 'events:' .. id)
-    redis.call('DEL', job_key)
-    redis.call('ZREM', index_key, id)
-  end
-  for _, id in ipairs(victims) do drop(id) end
-  local extra = redis.call('ZCARD', index_key) - count
-  if extra > 0 then
-    if extra > 1000 then extra = 1000 end
-    for _, id in ipairs(redis.call('ZRANGE', index_key, 0, extra - 1)) do drop(id) end
-  end
 end
 
 local function is_finished(state)
   return state == 'completed' or state == 'failed'
 end
 
--- Queue-wide counters, read by GET /metrics. The stats key is derived from
--- the prefix like the retention keys above (same hash tag, same slot).
-local DURATION_BUCKETS_MS = {5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000}
-
-local function count(prefix, field, by)
-  redis.call('HINCRBY', prefix .. 'stats', field, by or 1)
+-- A finished job enters the retention indexes: all owners' and its owner's.
+local function index_finished(step, index_key, owner_prefix, owner)
+  redis.call('ZADD', index_key, step.now, step.id)
+  redis.call('ZADD', owner_prefix .. owner, step.now, step.id)
 end
 
-local function count_failed(prefix, error_json)
+-- Remove finished job records older than age_ms, over all owners, then all
+-- but the newest `count` of this owner's, so that one owner's traffic never
+-- removes another's records before their age runs out. The upload, the
+-- owner's index entries and [console] the job's event stream go with the
+-- record. Bounded work per call (at most 2 x 1000 records); the rest goes on
+-- the next state change.
+local function retain(step, index_key, owner_prefix, owner, age_ms, count)
+  local function drop(id, known_owner)
+    local job_key = step.job_prefix .. id
+    local rec = redis.call('HMGET', job_key, 'uploadId', 'owner')
+    if rec[1] then redis.call('DEL', step.upload_prefix .. rec[1]) end
+    redis.call('DEL', job_key, job_events_key(step.events, id))
+    redis.call('ZREM', index_key, id)
+    local of = rec[2] or known_owner
+    if of then
+      redis.call('ZREM', owner_prefix .. of, id)
+      redis.call('ZREM', step.owner_jobs_prefix .. of, id)
+    end
+  end
+  local old = redis.call('ZRANGEBYSCORE', index_key, '-inf', '(' .. (step.now - age_ms), 'LIMIT', 0, 1000)
+  for _, id in ipairs(old) do drop(id, false) end
+  local owner_index = owner_prefix .. owner
+  local extra = redis.call('ZCARD', owner_index) - count
+  if extra > 0 then
+    if extra > 1000 then extra = 1000 end
+    for _, id in ipairs(redis.call('ZRANGE', owner_index, 0, extra - 1)) do drop(id, owner) end
+  end
+end
+
+-- Queue-wide counters in P:stats, read by GET /metrics.
+local function count(stats_key, field, by)
+  redis.call('HINCRBY', stats_key, field, by or 1)
+end
+
+local function count_failed(stats_key, error_json)
   local ok, decoded = pcall(cjson.decode, error_json)
   local code = (ok and type(decoded) == 'table' and decoded['code']) or 'unknown'
-  count(prefix, 'failed:' .. code)
+  count(stats_key, 'failed:' .. code)
 end
 
--- One observation of an attempt's duration (active -> finished), as a
--- Prometheus histogram: the smallest bucket it fits, made cumulative at scrape.
-local function observe_duration(prefix, ms)
+-- One observation of an attempt's duration (its attemptStartedAt -> now), as
+-- a Prometheus histogram: the smallest bucket it fits, made cumulative at
+-- scrape. Nothing when no attempt ever started.
+local function observe_duration(step)
+  local started = redis.call('HGET', step.key, 'attemptStartedAt')
+  if not started then return end
+  local ms = step.now - tonumber(started)
   local bucket = '+Inf'
   for _, le in ipairs(DURATION_BUCKETS_MS) do
     if ms <= le then bucket = tostring(le) break end
   end
-  local key = prefix .. 'stats'
-  redis.call('HINCRBY', key, 'duration_le:' .. bucket, 1)
-  redis.call('HINCRBY', key, 'duration_sum_ms', ms)
+  redis.call('HINCRBY', step.stats, 'duration_le:' .. bucket, 1)
+  redis.call('HINCRBY', step.stats, 'duration_sum_ms', ms)
 end
 
--- Milliseconds from the server's clock (TIME is allowed in scripts since
--- Redis 5, which replicates effects rather than scripts).
-local function server_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- The job ends failed: record, indexes, event, retention, counters. The one
+-- way start, apply and fail mark a job failed.
+-- (A record without an owner, written by hand, counts as owner ''.)
+local function mark_failed(step, batch_id, owner, attempt, error_json, diagnostic)
+  redis.call('HSET', step.key, 'state', 'failed', 'error', error_json, 'diagnostic', diagnostic,
+    'finishedAt', step.now, 'updatedAt', step.now)
+  redis.call('ZREM', step.active, step.id)
+  index_finished(step, step.failed, step.failed_of, owner or '')
+  emit(step.events, step.maxlen, 'failed', step.id, batch_id, attempt, error_json)
+  count_failed(step.stats, error_json)
+  observe_duration(step)
+  retain(step, step.failed, step.failed_of, owner or '', step.keep_failed_age, step.keep_failed_count)
 end

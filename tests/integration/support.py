@@ -30,6 +30,33 @@ RABBITMQ_URL = os.environ.get("IMPORTER_TEST_RABBITMQ_URL", "amqp://guest:guest@
 FIXTURES = ROOT / "fixtures"
 
 
+class ProbeStore(RedisStore):
+    """The product's store plus reads and a removal only tests need."""
+
+    def stock_of(self, skus: list[str]) -> dict[str, int]:
+        values = self.client.hmget(self.keys.stock, skus) if skus else []
+        return {sku: int(v) if v is not None else 0 for sku, v in zip(skus, values)}
+
+    def generation(self) -> int:
+        return int(self.client.get(self.keys.generation) or 0)
+
+    def delete_job_record(self, job_id: str) -> None:
+        """Remove a job record as retention would."""
+        k = self.keys
+        record = self.client.hmget(k.job(job_id), "uploadId", "owner")
+        pipe = self.client.pipeline(transaction=True)
+        pipe.delete(k.job(job_id), k.job_events(job_id))
+        if record[0]:
+            pipe.delete(k.upload(record[0].decode()))
+        indexes = [k.completed, k.failed, k.waiting, k.unsent, k.active]
+        if record[1] is not None:
+            owner = record[1].decode()
+            indexes += [k.owner_jobs(owner), k.completed_of(owner), k.failed_of(owner)]
+        for index in indexes:
+            pipe.zrem(index, job_id)
+        pipe.execute()
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -115,8 +142,8 @@ class System:
     def settings(self) -> Settings:
         return Settings.from_env(self.env)
 
-    def store(self) -> RedisStore:
-        return RedisStore(redis.Redis.from_url(self.redis_url), self.settings, clock_ms=clock_ms)
+    def store(self) -> ProbeStore:
+        return ProbeStore(redis.Redis.from_url(self.redis_url), self.settings, clock_ms=clock_ms)
 
     def queue(self) -> ImportQueue:
         """The product's producer, for sending messages directly (closed by stop_all)."""

@@ -9,10 +9,10 @@ import pytest
 import redis
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from importer.adapters.redis_store import RedisStore
 from importer.adapters.settings import Settings
 from importer.domain.shipment import Row, Shipment
 from importer.domain.stock import MAX_STOCK, StockState, apply_shipment
+from tests.integration.support import ProbeStore
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,7 @@ steps = st.lists(st.tuples(st.sampled_from(["b1", "b2", "b3"]), shipments), min_
 def test_redis_script_and_pure_rule_agree(redis_url: str, sequence: list[tuple[str, Shipment]]) -> None:
     client = redis.Redis.from_url(redis_url)
     prefix = "{p" + uuid.uuid4().hex[:12] + "}:"
-    store = RedisStore(client, Settings(key_prefix=prefix), clock_ms=lambda: 1_000)
+    store = ProbeStore(client, Settings(key_prefix=prefix), clock_ms=lambda: 1_000)
     state = StockState()
     try:
         for n, (batch_id, shipment) in enumerate(sequence):

@@ -1,0 +1,91 @@
+"""The Lua scripts and the Python side agree on what both name: job states,
+the duration buckets, and key names (which only adapters/redis_store.py's Keys makes)."""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+import pytest
+
+from importer.adapters.metrics import DURATION_BUCKETS_MS as METRICS_BUCKETS
+from importer.adapters.redis_store import Keys
+from importer.adapters.scripts import DURATION_BUCKETS_MS, SCRIPT_NAMES, lua_source
+from importer.domain.jobs import FINISHED_STATES, JobState
+
+LUA = resources.files("importer.adapters") / "lua"
+
+
+def code_of(name: str) -> str:
+    """A script's text without its comments."""
+    text = (LUA / f"{name}.lua").read_text(encoding="utf-8")
+    return "\n".join(line.split("--", 1)[0] for line in text.splitlines())
+
+
+ALL = [*SCRIPT_NAMES, "common"]
+
+
+def test_every_script_file_is_loaded() -> None:
+    files = {entry.name.removesuffix(".lua") for entry in LUA.iterdir() if entry.name.endswith(".lua")}
+    assert files == set(ALL)
+
+
+def test_the_scripts_write_exactly_the_job_states() -> None:
+    written = set()
+    for name in ALL:
+        writes = [line for line in code_of(name).splitlines() if "HMGET" not in line]  # reads name fields
+        written |= set(re.findall(r"'state',\s*'([a-z]+)'", "\n".join(writes)))
+    assert written == {state.value for state in JobState}
+
+
+def test_finished_means_the_same_in_lua() -> None:
+    match = re.search(r"local function is_finished\(state\)\s*return (.*?)\s*end", code_of("common"), re.S)
+    assert match is not None
+    assert set(re.findall(r"state == '([a-z]+)'", match.group(1))) == {state.value for state in FINISHED_STATES}
+
+
+def test_duration_buckets_are_written_into_every_script_from_one_constant() -> None:
+    assert METRICS_BUCKETS is DURATION_BUCKETS_MS
+    assert "DURATION_BUCKETS_MS = {" not in code_of("common")
+    for name in SCRIPT_NAMES:
+        prelude = lua_source(name).split("\n", 2)[1]
+        assert prelude == "local DURATION_BUCKETS_MS = {" + ", ".join(map(str, DURATION_BUCKETS_MS)) + "}"
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_no_script_makes_a_key_name_of_its_own(name: str) -> None:
+    """Key names come in KEYS or as name prefixes in ARGV, all made by Keys."""
+    code = code_of(name)
+    literals = set(re.findall(r"'([^']*)'", code))
+    key_like = {
+        lit for lit in literals
+        if re.fullmatch(r"(job|upload|done|jobs|rate|stats|stock|generation|journal|events)(:.*)?", lit)
+    }
+    assert key_like == set(), key_like
+    assert re.search(r"\bprefix \.\.", code) is None  # the old single-prefix ARGV
+
+
+@pytest.mark.parametrize("name", [*SCRIPT_NAMES])
+def test_every_declared_argument_is_used(name: str) -> None:
+    """The header documents KEYS[i]/ARGV[i]; each documented one is read by the script
+    (directly or through job_step in common.lua)."""
+    text = (LUA / f"{name}.lua").read_text(encoding="utf-8")
+    # ("ARGV[n] onwards: ..." declares a variadic tail, read in a loop.)
+    header = "\n".join(line for line in text.splitlines() if line.startswith("--") and "onwards" not in line)
+    code = code_of(name)
+    shared = "KEYS[1..5], ARGV[1..8]" in header
+    for kind in ("KEYS", "ARGV"):
+        declared = {int(i) for i in re.findall(kind + r"\[(\d+)\]", header)}
+        used = {int(i) for i in re.findall(kind + r"\[(\d+)\]", code)}
+        if shared:
+            assert not declared & set(range(1, 6 if kind == "KEYS" else 9)), "the job-step header is documented in common.lua"
+            used |= set(range(1, 6 if kind == "KEYS" else 9))
+        assert declared <= used, (kind, sorted(declared - used))
+
+
+def test_a_jobs_event_stream_is_named_alike_in_lua_and_in_keys() -> None:
+    """emit() and retention derive P:events:<jobId> from P:events; Keys.job_events must agree."""
+    match = re.search(r"local function job_events_key\(events_key, job_id\)\s*return (.*?)\s*end", code_of("common"), re.S)
+    assert match is not None and match.group(1) == "events_key .. ':' .. job_id"
+    keys = Keys("{x}:")
+    assert keys.job_events("shipment-1") == keys.events + ":" + "shipment-1"
