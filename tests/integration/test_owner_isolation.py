@@ -14,6 +14,11 @@ from tests.integration.support import FIXTURES, System, wait_for
 pytestmark = pytest.mark.integration
 
 BAD = (FIXTURES / "invalid-bad-quantity.csv").read_bytes()
+#: Each owner keeps its newest 3 completed and 3 failed records (ages far off).
+SMALL_COUNTS = {
+    "IMPORTER_KEEP_FAILED_COUNT": "3", "IMPORTER_KEEP_COMPLETED_COUNT": "3",
+    "IMPORTER_KEEP_FAILED_AGE": "3600", "IMPORTER_KEEP_COMPLETED_AGE": "3600",
+}
 
 
 def csv_for(n: int) -> bytes:
@@ -36,10 +41,7 @@ def wait_finished(system: System, job_id: str, key: str) -> tuple[int, dict]:
 
 
 def test_one_owners_traffic_does_not_remove_anothers_records(make_system: object) -> None:
-    system = make_system(  # type: ignore[operator]
-        IMPORTER_KEEP_FAILED_COUNT="3", IMPORTER_KEEP_COMPLETED_COUNT="3",
-        IMPORTER_KEEP_FAILED_AGE="3600", IMPORTER_KEEP_COMPLETED_AGE="3600",
-    )
+    system = make_system(**SMALL_COUNTS)  # type: ignore[operator]
     system.start_worker()
     system.start_http()
     a, b = system.api_key, system.other_key
