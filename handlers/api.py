@@ -42,8 +42,10 @@ _SHIPMENT = ShipmentSchema()
 class JobStore(JobRecorder, Protocol):
     """What the HTTP side needs of the store: record jobs, and read records."""
 
-    def get_job(self, job_id: str) -> JobRecord | None: ...
-    def get_shipment(self, batch_id: str) -> ShipmentRecord | None: ...
+    # Owner before content: None for a missing record and for another owner's
+    # alike, having read nothing of the latter but its owner.
+    def get_owned_job(self, job_id: str, owner: str) -> JobRecord | None: ...
+    def get_owned_shipment(self, batch_id: str, owner: str) -> ShipmentRecord | None: ...
     def ping(self) -> bool: ...
     def list_jobs(
         self, owner: str, *, limit: int, state: str | None = None, after: tuple[int, str] | None = None,
@@ -162,8 +164,8 @@ def enqueue(api: Api, req: Request) -> Response:
 
 def get_import(api: Api, req: Request) -> Response:
     """GET /api/imports/{jobId}: the stored record of the caller's own job."""
-    record = api.store.get_job(req.path_params["jobId"])
-    if record is None or record.owner != req.owner:
+    record = api.store.get_owned_job(req.path_params["jobId"], req.owner) if req.owner else None
+    if record is None:
         # The same bytes for "no such job" and "another owner's job" (no
         # instance member: it would echo the id, the only thing that could differ).
         raise ApiError("job.not_found")
@@ -172,8 +174,8 @@ def get_import(api: Api, req: Request) -> Response:
 
 def get_shipment(api: Api, req: Request) -> Response:
     """GET /api/shipments/{batchId}: the durable history of one of the caller's batches."""
-    record = api.store.get_shipment(req.path_params["batchId"])
-    if record is None or record.owner != req.owner:
+    record = api.store.get_owned_shipment(req.path_params["batchId"], req.owner) if req.owner else None
+    if record is None:
         raise ApiError("shipment.not_found")
     payload = {
         "batchId": record.batch_id,

@@ -58,13 +58,15 @@ class FakeStore:
         self._call("mark_sent")
         self.marked_sent.append(job_id)
 
-    def get_job(self, job_id: str) -> JobRecord | None:
-        self._call("get_job")
-        return self.jobs.get(job_id)
+    def get_owned_job(self, job_id: str, owner: str) -> JobRecord | None:
+        self._call("get_owned_job")
+        record = self.jobs.get(job_id)
+        return record if record is not None and record.owner == owner else None
 
-    def get_shipment(self, batch_id: str) -> ShipmentRecord | None:
-        self._call("get_shipment")
-        return self.shipments.get(batch_id)
+    def get_owned_shipment(self, batch_id: str, owner: str) -> ShipmentRecord | None:
+        self._call("get_owned_shipment")
+        record = self.shipments.get(batch_id)
+        return record if record is not None and record.owner == owner else None
 
     def ping(self) -> bool:
         self._call("ping")
