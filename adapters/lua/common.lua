@@ -26,6 +26,8 @@
 --   P:stats                 hash    queue-wide counters for /metrics (completed, failed:<code>,
 --                                   retries, rows_applied, replays, duration buckets)
 --   P:rate:<owner>:<window> string  POSTs of one owner in one rate-limit window (expires)
+--   P:dramatiq:...          dramatiq's Redis broker (queues, delayed queues); no script touches them
+--   P:sweeper:lock          string  one enqueue-safety sweep at a time (expires)
 --
 -- Time: enqueue.lua and progress.lua use the caller's clock (createdAt,
 -- rate-limit window); start, apply and fail use the server's (server_ms), so
