@@ -34,7 +34,7 @@ STREAM_ID = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")
 
 
 class JobEventSource(Protocol):
-    def get_job(self, job_id: str) -> JobRecord | None: ...
+    def get_owned_job(self, job_id: str, owner: str) -> JobRecord | None: ...
     def job_events(self, job_id: str, after_id: str, block_ms: int | None) -> list[dict[str, Any]]: ...
 
 
@@ -175,8 +175,8 @@ class JobEventStream:
                 if event["event"] in FINISHED_STATES:
                     return
             if not events and cfg.clock() - last_write >= cfg.heartbeat_s:
-                record = self.source.get_job(job_id)
-                if record is None or record.owner != self.record.owner:
+                record = self.source.get_owned_job(job_id, self.record.owner)
+                if record is None:
                     yield b": the job record is gone\n\n"
                     return
                 if record.state in FINISHED_STATES:

@@ -66,8 +66,8 @@ def list_imports(api: Api, req: Request) -> Response:
 def job_events(api: Api, req: Request) -> Response:
     """GET /api/imports/{jobId}/events: the job's events as text/event-stream."""
     job_id = req.path_params["jobId"]
-    record = api.store.get_job(job_id)
-    if record is None or record.owner != req.owner:
+    record = api.store.get_owned_job(job_id, req.owner) if req.owner else None
+    if record is None:
         raise ApiError("job.not_found")  # the same bytes as GET /api/imports/{jobId}
     last_id = req.headers.get("last-event-id", "").strip()
     after_id = last_id if STREAM_ID.fullmatch(last_id) else "0-0"
