@@ -55,11 +55,10 @@ class Keys:
         self.journal = f"{prefix}journal"
         self.events = f"{prefix}events"
         self.stats = f"{prefix}stats"
-        self.unsent = f"{prefix}jobs:unsent"
-        self.waiting = f"{prefix}jobs:waiting"
-        self.active = f"{prefix}jobs:active"
-        self.completed = f"{prefix}jobs:completed"
-        self.failed = f"{prefix}jobs:failed"
+        # The job indexes (zsets of jobId), P:jobs:<name>.
+        self.unsent, self.waiting, self.active, self.completed, self.failed = (
+            f"{prefix}jobs:{name}" for name in ("unsent", "waiting", "active", "completed", "failed")
+        )
         #: dramatiq's Redis broker namespace (its queues) and the sweeper's lock.
         self.dramatiq = f"{prefix}dramatiq"
         self.sweeper_lock = f"{prefix}sweeper:lock"
