@@ -28,12 +28,13 @@ import traceback
 from typing import Any
 
 import dramatiq
+import redis
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import CurrentMessage, Middleware, Retries, ShutdownNotifications, TimeLimit
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from importer.adapters.logs import log_event
-from importer.adapters.redis_store import RedisStore, StoreUnavailable
+from importer.adapters.redis_store import RedisStore, StoreUnavailable, unavailable
 from importer.adapters.settings import Settings
 from importer.domain.contract import encode_message
 from importer.domain.errors import PublicError
@@ -101,11 +102,24 @@ class ImportQueue:
         self.send_raw(body)
 
     def send_raw(self, body: dict[str, Any]) -> None:
-        """Send any body, valid or not (tests use it to send a v2 message)."""
+        """Send any body, valid or not (tests use it to send a v2 message).
+
+        Any failure of the broker or of its Redis (refused, timed out, out of
+        memory, read-only...) is StoreUnavailable: HTTP answers 503 and the
+        reconciler sends the message of the recorded job later.
+        """
         message = dramatiq.Message(
             queue_name=self.settings.queue_name, actor_name=ACTOR_NAME, args=(body,), kwargs={}, options={}
         )
-        self.broker.enqueue(message)
+        try:
+            self.broker.enqueue(message)
+        except dramatiq.errors.BrokerError as exc:  # RabbitMQ: connection closed, publish not confirmed
+            raise StoreUnavailable(f"broker: {type(exc).__name__}") from exc
+        except redis.RedisError as exc:
+            translated = unavailable(exc)
+            if translated is None:
+                raise
+            raise translated from exc
 
 
 def _where(exc: BaseException) -> str:

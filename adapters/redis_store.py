@@ -30,15 +30,50 @@ class StoreError(Exception):
 
 
 class StoreUnavailable(StoreError):
-    """Redis could not be reached or timed out. Transient: the attempt is retried."""
+    """Redis cannot serve us right now: unreachable, timed out, or refusing
+    writes (out of memory, loading, read-only replica, busy script, master
+    down). Transient: HTTP answers 503, the attempt is retried.
+
+    ``reason`` is ``redis_unreachable`` or ``redis_refuses_writes`` (what
+    /health says)."""
+
+    def __init__(self, detail: str, reason: str = "redis_unreachable") -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+#: Error replies of a sick server (the first word of the reply). redis-py maps
+#: some to classes (OutOfMemoryError, BusyLoadingError, ReadOnlyError), the
+#: rest arrive as a plain ResponseError, also from inside a Lua script.
+_REFUSING = ("OOM", "BUSY", "LOADING", "READONLY", "MASTERDOWN", "NOREPLICAS", "TRYAGAIN", "CLUSTERDOWN", "MISCONF")
+
+
+def unavailable(exc: BaseException) -> StoreUnavailable | None:
+    """The StoreUnavailable a Redis error means, or None for a real bug (WRONGTYPE, a script error...)."""
+    if isinstance(exc, StoreUnavailable):
+        return exc
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError)):
+        return StoreUnavailable(type(exc).__name__)
+    if isinstance(exc, (redis.exceptions.OutOfMemoryError, redis.exceptions.BusyLoadingError, redis.exceptions.ReadOnlyError)):
+        return StoreUnavailable(type(exc).__name__, "redis_refuses_writes")
+    if isinstance(exc, redis.ResponseError):
+        text = str(exc)
+        # A script's error reads "... script: ...: OOM command not allowed ..." on some versions.
+        first = text.split(" ", 1)[0].upper()
+        if first in _REFUSING or "OOM command not allowed" in text or "MASTERDOWN" in text:
+            return StoreUnavailable(first, "redis_refuses_writes")
+    return None
 
 
 @contextmanager
 def _translate() -> Iterator[None]:
     try:
         yield
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise StoreUnavailable(type(exc).__name__) from exc
+    except redis.RedisError as exc:
+        translated = unavailable(exc)
+        if translated is None:
+            raise
+        raise translated from exc
 
 
 class Keys:
@@ -62,6 +97,8 @@ class Keys:
         #: dramatiq's Redis broker namespace (its queues) and the sweeper's lock.
         self.dramatiq = f"{prefix}dramatiq"
         self.sweeper_lock = f"{prefix}sweeper:lock"
+        #: /health's write probe (a tiny expiring string).
+        self.health = f"{prefix}health"
 
     def job(self, job_id: str) -> str:
         return f"{self.prefix}job:{job_id}"
@@ -424,5 +461,8 @@ class RedisStore:
         return QueueStats(int(waiting), age, int(active), {_s(key): int(v) for key, v in raw.items()})
 
     def ping(self) -> bool:
+        """True when Redis answers and accepts writes (a tiny expiring write
+        probe: PING alone says yes to a full or read-only Redis). Raises
+        StoreUnavailable with reason redis_unreachable or redis_refuses_writes."""
         with _translate():
-            return bool(self.client.ping())
+            return bool(self.client.set(self.keys.health, "1", px=60_000))

@@ -100,10 +100,20 @@ class Settings:
     http_drain_delay_s: float = 2.0
     #: Seconds a worker waits for in-flight imports when asked to stop.
     worker_shutdown_timeout_s: float = 30.0
-    #: Seconds a recorded job may wait for its message to be sent before the
-    #: sweeper in the worker sends it (see README, "Enqueue safety").
-    unsent_grace_s: float = 10.0
-    sweep_interval_s: float = 5.0
+    #: Reconciler (README, "Every accepted import ends"): seconds a job may stay
+    #: waiting (or retrying past its nextAttemptAt) before its message is sent again.
+    waiting_grace_s: float = 15.0
+    #: Seconds an attempt holds its job without renewal: a running attempt's
+    #: worker renews it every reconcile interval; a dead or stopped one does not.
+    attempt_lease_s: float = 15.0
+    #: Seconds beyond the time limit after which an attempt is stalled even if
+    #: its worker still renews the lease (a thread blocked where TimeLimit cannot reach).
+    stall_margin_s: float = 15.0
+    #: Seconds between reconciler passes (one pass at a time cluster-wide).
+    reconcile_interval_s: float = 5.0
+    #: Seconds any single Redis call may wait (read and connect): bounds every
+    #: HTTP request and worker step when Redis is stopped or paused.
+    redis_socket_timeout_s: float = 10.0
     max_rows: int = DEFAULT_MAX_ROWS
     max_upload_bytes: int = 10 * 1024 * 1024
     accepted_versions: frozenset[int] = field(default_factory=lambda: frozenset({CURRENT_VERSION}))
@@ -149,8 +159,14 @@ class Settings:
             maintenance_chance=_int(env, "IMPORTER_BROKER_MAINTENANCE_CHANCE", cls.maintenance_chance),
             http_drain_delay_s=_float(env, "IMPORTER_HTTP_DRAIN_DELAY", cls.http_drain_delay_s),
             worker_shutdown_timeout_s=_float(env, "IMPORTER_WORKER_SHUTDOWN_TIMEOUT", cls.worker_shutdown_timeout_s),
-            unsent_grace_s=_float(env, "IMPORTER_UNSENT_GRACE", cls.unsent_grace_s),
-            sweep_interval_s=_float(env, "IMPORTER_SWEEP_INTERVAL", cls.sweep_interval_s),
+            # IMPORTER_UNSENT_GRACE / IMPORTER_SWEEP_INTERVAL: the unsent sweeper's old names.
+            waiting_grace_s=_float(env, "IMPORTER_WAITING_GRACE", _float(env, "IMPORTER_UNSENT_GRACE", cls.waiting_grace_s)),
+            attempt_lease_s=_float(env, "IMPORTER_ATTEMPT_LEASE", cls.attempt_lease_s),
+            stall_margin_s=_float(env, "IMPORTER_STALL_MARGIN", cls.stall_margin_s),
+            reconcile_interval_s=_float(
+                env, "IMPORTER_RECONCILE_INTERVAL", _float(env, "IMPORTER_SWEEP_INTERVAL", cls.reconcile_interval_s)
+            ),
+            redis_socket_timeout_s=_float(env, "IMPORTER_REDIS_SOCKET_TIMEOUT", cls.redis_socket_timeout_s),
             max_rows=_int(env, "IMPORTER_MAX_ROWS", cls.max_rows, minimum=1),
             max_upload_bytes=_int(env, "IMPORTER_MAX_UPLOAD_BYTES", cls.max_upload_bytes, minimum=1),
             accepted_versions=_versions(env, "IMPORTER_ACCEPTED_VERSIONS", frozenset({CURRENT_VERSION})),
@@ -189,6 +205,8 @@ class Settings:
             raise SettingsError("IMPORTER_BROKER_URL must be a redis://, rediss://, unix://, amqp:// or amqps:// URL")
         if self.event_stream_heartbeat_s <= 0 or self.event_stream_max_duration_s <= 0:
             raise SettingsError("IMPORTER_EVENT_STREAM_HEARTBEAT and IMPORTER_EVENT_STREAM_MAX_DURATION must be > 0")
+        if self.redis_socket_timeout_s <= 0 or self.reconcile_interval_s <= 0 or self.attempt_lease_s <= 0:
+            raise SettingsError("IMPORTER_REDIS_SOCKET_TIMEOUT, IMPORTER_RECONCILE_INTERVAL and IMPORTER_ATTEMPT_LEASE must be > 0")
         if self.max_attempts < 1:
             raise SettingsError("max_attempts must be >= 1")
 

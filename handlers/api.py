@@ -188,15 +188,20 @@ def get_shipment(api: Api, req: Request) -> Response:
 
 
 def health(api: Api, req: Request) -> Response:
-    """GET /health: 200 when not closing and Redis answers PING."""
+    """GET /health: 200 when not closing and Redis answers and accepts writes.
+
+    503 reasons: ``closing``, ``redis_unreachable``, ``redis_refuses_writes``
+    (full, read-only, loading...)."""
     if api.lifecycle.closing:
         return json_response(503, {"status": "unavailable", "reason": "closing"})
+    reason = "redis_unreachable"
     try:
         answered = api.store.ping()
-    except api.unavailable_errors:
+    except api.unavailable_errors as exc:
         answered = False
+        reason = getattr(exc, "reason", reason)
     if not answered:
-        return json_response(503, {"status": "unavailable", "reason": "redis_unreachable"})
+        return json_response(503, {"status": "unavailable", "reason": reason}, (("Retry-After", "5"),))
     return json_response(200, {"status": "ok"})
 
 
