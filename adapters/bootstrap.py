@@ -23,7 +23,7 @@ from importer.adapters.queue import (
     CloseConnections,
     ImportQueue,
     ImportRunner,
-    UnsentSweeper,
+    Reconciler,
     build_broker,
     declare_import_actor,
 )
@@ -127,7 +127,7 @@ def build_worker(settings: Settings) -> dramatiq.Broker:
 
         attempts = FaultyAttemptStore(store, Faults(settings.fault))
     runner = ImportRunner(attempts, settings)
-    middleware = [AttemptRecorder(runner, settings), UnsentSweeper(store, settings), CloseConnections(client)]
+    middleware = [AttemptRecorder(runner, settings), Reconciler(store, runner, settings), CloseConnections(client)]
     if settings.worker_metrics_port:
         from importer.adapters.worker_metrics import WorkerPrometheus
 

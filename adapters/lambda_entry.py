@@ -61,8 +61,8 @@ def handler(event: Event, context: object) -> EventResponse:
     a failed build is retried on the next invocation. Nothing is built or
     connected at import time. If Lambda's timeout cuts an enqueue after the
     job was recorded but before its message was sent, the job stays in the
-    *unsent* index and the sweeper in the workers sends it after
-    ``IMPORTER_UNSENT_GRACE`` seconds; a re-post of the same batch is harmless.
+    *unsent* index and the reconciler in the workers sends it after
+    ``IMPORTER_WAITING_GRACE`` seconds; a re-post of the same batch is harmless.
     """
     global _deployed
     deployed = _deployed

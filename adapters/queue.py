@@ -20,6 +20,7 @@ dramatiq's defaults are not this service's, so every option is set here:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -34,7 +35,7 @@ from dramatiq.middleware import CurrentMessage, Middleware, Retries, ShutdownNot
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from importer.adapters.logs import log_event
-from importer.adapters.redis_store import RedisStore, StoreUnavailable, unavailable
+from importer.adapters.redis_store import RedisStore, StoreUnavailable, store_errors, unavailable
 from importer.adapters.settings import Settings
 from importer.domain.contract import encode_message
 from importer.domain.errors import PublicError
@@ -132,22 +133,28 @@ def _where(exc: BaseException) -> str:
 
 class ImportRunner:
     """Runs :func:`importer.domain.run_import.run_import` for the actor and
-    remembers which attempt each dramatiq message started, for AttemptRecorder."""
+    remembers which attempt each dramatiq message started (with its fencing
+    token), for AttemptRecorder and for the lease renewal of the Reconciler."""
 
     def __init__(self, store: AttemptStore, settings: Settings) -> None:
         self.store = store
         self.settings = settings
-        self._attempts: dict[str, tuple[str, int]] = {}  # dramatiq message id -> (jobId, attempt)
+        # dramatiq message id -> (jobId, attempt, token)
+        self._attempts: dict[str, tuple[str, int, str]] = {}
 
-    def attempt_of(self, message_id: str) -> tuple[str, int] | None:
+    def attempt_of(self, message_id: str) -> tuple[str, int, str] | None:
         return self._attempts.get(message_id)
 
     def forget(self, message_id: str) -> None:
         self._attempts.pop(message_id, None)
 
+    def in_flight(self) -> list[tuple[str, str]]:
+        """(jobId, token) of every attempt running in this process."""
+        return [(job_id, token) for job_id, _, token in list(self._attempts.values())]
+
     def run(self, body: Any, message_id: str = "") -> str:
-        def started(job_id: str, attempt: int) -> None:
-            self._attempts[message_id] = (job_id, attempt)
+        def started(job_id: str, attempt: int, token: str) -> None:
+            self._attempts[message_id] = (job_id, attempt, token)
 
         return run_import(
             self.store, body, accepted_versions=self.settings.accepted_versions, max_rows=self.settings.max_rows,
@@ -181,9 +188,12 @@ class AttemptRecorder(Middleware):
         self.runner.forget(message.message_id)
         if exception is None or isinstance(exception, PermanentImportFailure) or known is None:
             return
-        job_id, attempt = known
+        job_id, attempt, token = known
         retries_done = message.options.get("retries", 0)
-        final = retries_done >= self.settings.max_attempts - 1 or attempt >= self.settings.max_attempts
+        # The record's attempt counter is the truth (redeliveries and the
+        # reconciler's resends count too); when dramatiq has no retry left for
+        # this message, the reconciler sends it after nextAttemptAt + grace.
+        final = attempt >= self.settings.max_attempts
         code = _code_for(exception)
         backoff = min(self.settings.min_backoff_ms * (2**retries_done), self.settings.max_backoff_ms)
         diagnostic = f"{type(exception).__name__}: {exception}{_where(exception)}"
@@ -192,66 +202,162 @@ class AttemptRecorder(Middleware):
             final=final, exc_info=(type(exception), exception, exception.__traceback__),
         )
         try:
-            self.runner.store.record_failure(
+            outcome = self.runner.store.record_failure(
                 job_id=job_id, attempt=attempt, final=final, error=PublicError.from_code(code),
                 diagnostic=diagnostic, next_attempt_at_ms=None if final else int(time.time() * 1000) + backoff,
+                token=token,
             )
+            if outcome == "stale":  # a newer attempt holds the job: this failure is history
+                log_event(log, "import.failure_fenced", logging.WARNING, jobId=job_id, attempt=attempt)
         except StoreUnavailable:
+            # The job keeps its deadline: the reconciler sends it again once the lease runs out.
             log_event(log, "import.record_failure_lost", logging.ERROR, jobId=job_id, attempt=attempt)
 
     def after_skip_message(self, broker: Any, message: Any) -> None:
         self.runner.forget(message.message_id)
 
 
-class UnsentSweeper(Middleware):
-    """Sends the message of any job recorded but never confirmed sent.
+class Reconciler(Middleware):
+    """Every accepted import ends: the job record is the truth, this enforces it.
 
-    The HTTP process records the job, sends its message, then marks it sent.
-    If it dies in between, this sweeper (one thread per worker process, one
-    active sweep at a time thanks to a Redis lock) sends the message after
-    IMPORTER_UNSENT_GRACE seconds. Sending twice is harmless: start.lua skips
-    finished jobs and the done marker stops a second addition.
+    One thread per worker process. Every tick it
+
+    1. renews the lease of the attempts running in this process (renew.lua):
+       a dead or SIGSTOPped worker stops renewing, so its job's deadline passes
+       after IMPORTER_ATTEMPT_LEASE seconds;
+    2. under a cluster-wide Redis lock (one pass per interval across all
+       workers), runs reconcile.lua: every non-final job past its deadline is
+       sent again (an active one is taken back from its attempt first, which
+       fences that attempt off), or failed with import.attempts_exhausted once
+       its attempts are used up; sends those messages; on dramatiq's Redis
+       broker it also requeues dead workers' messages now (dramatiq only does
+       it on a random fraction of its calls) and drops stranded messages of
+       finished jobs from live workers' acks sets (an ack that failed on a
+       sick Redis leaves them there for good).
+
+    Sending twice is harmless: start.lua drops a duplicate of a finished job
+    or of a job whose attempt holds a live lease, and the done marker stops a
+    second addition. It replaces the unsent sweeper (README, "Every accepted
+    import ends").
     """
 
-    def __init__(self, store: RedisStore, settings: Settings) -> None:
+    def __init__(self, store: RedisStore, runner: ImportRunner, settings: Settings) -> None:
         self.store = store
+        self.runner = runner
         self.settings = settings
+        self.broker: Any = None
         self.queue: ImportQueue | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    @property
+    def tick_s(self) -> float:
+        return min(self.settings.reconcile_interval_s, self.settings.attempt_lease_s / 3)
+
     def after_worker_boot(self, broker: Any, worker: Any) -> None:
+        self.broker = broker
         self.queue = ImportQueue(broker, self.settings)
-        self._thread = threading.Thread(target=self._loop, name="importer-sweeper", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="importer-reconciler", daemon=True)
         self._thread.start()
 
     def before_worker_shutdown(self, broker: Any, worker: Any) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=self.settings.redis_socket_timeout_s + 2)
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.settings.sweep_interval_s):
+        last_pass = 0.0
+        while not self._stop.wait(self.tick_s):
             try:
-                self.sweep_once()
+                self.store.renew(self.runner.in_flight())
+                if time.monotonic() - last_pass >= self.settings.reconcile_interval_s:
+                    last_pass = time.monotonic()
+                    self.reconcile_once()
             except StoreUnavailable:
-                log_event(log, "sweeper.store_unavailable", logging.WARNING)
-            except Exception:  # never let the sweeper thread die
-                log.exception("sweeper.error")
+                log_event(log, "reconciler.store_unavailable", logging.WARNING)
+            except Exception:  # never let the reconciler thread die
+                log.exception("reconciler.error")
 
-    def sweep_once(self) -> int:
-        lock = f"{self.settings.key_prefix}sweeper:lock"
-        if not self.store.client.set(lock, os.getpid(), nx=True, px=int(self.settings.sweep_interval_s * 1000)):
-            return 0
-        cutoff = int(time.time() * 1000) - int(self.settings.unsent_grace_s * 1000)
+    def reconcile_once(self) -> int:
+        """One pass if no other process holds the lock; returns how many messages it sent."""
+        lock = self.store.keys.reconciler_lock
+        with store_errors():
+            if not self.store.client.set(lock, os.getpid(), nx=True, px=int(self.settings.reconcile_interval_s * 1000)):
+                return 0
+        self._requeue_dead_workers()
         sent = 0
-        for job_id, batch_id, upload_id in self.store.unsent_before(cutoff):
+        for job_id, batch_id, upload_id in self.store.reconcile():
             assert self.queue is not None  # set at worker boot, before the loop starts
             self.queue.send(job_id=job_id, batch_id=batch_id, upload_id=upload_id)
-            self.store.mark_sent(job_id)
-            log_event(log, "sweeper.resent", jobId=job_id, batchId=batch_id)
+            log_event(log, "reconciler.resent", jobId=job_id, batchId=batch_id)
             sent += 1
+        self._drop_stranded_acks()
         return sent
+
+    def _queues(self) -> tuple[str, str]:
+        from dramatiq.common import dq_name
+
+        return self.settings.queue_name, dq_name(self.settings.queue_name)
+
+    def _requeue_dead_workers(self) -> None:
+        """dramatiq's own maintenance (dead workers' unacked messages back to
+        the queue), run every pass instead of on a random fraction of calls."""
+        broker = self.broker
+        if not isinstance(broker, RedisBroker):
+            return
+        from dramatiq.common import current_millis
+
+        with store_errors():
+            for queue in self._queues():
+                broker.scripts["dispatch"](
+                    args=["qsize", current_millis(), queue, broker.broker_id, broker.heartbeat_timeout,
+                          broker.dead_message_ttl, 1, broker._max_unpack_size()],
+                    keys=[broker.namespace],
+                )
+
+    def _drop_stranded_acks(self) -> int:
+        """Messages of finished (or removed) jobs left in any worker's acks set."""
+        broker = self.broker
+        if not isinstance(broker, RedisBroker):
+            return 0
+        client, ns, dropped = broker.client, broker.namespace, 0
+        with store_errors():
+            workers = [w.decode() if isinstance(w, bytes) else w for w in client.zrange(f"{ns}:__heartbeats__", 0, -1)]
+            for queue in self._queues():
+                msgs_key = f"{ns}:{queue}.msgs"
+                for worker_id in workers:
+                    acks_key = f"{ns}:__acks__.{worker_id}.{queue}"
+                    ids = list(client.smembers(acks_key))
+                    if not ids:
+                        continue
+                    bodies = client.hmget(msgs_key, ids)
+                    job_ids = [_job_id_in(body) for body in bodies]
+                    pipe = client.pipeline(transaction=False)
+                    for job_id in job_ids:
+                        pipe.hget(self.store.keys.job(job_id), "state") if job_id else pipe.echo("")
+                    states = pipe.execute()
+                    drop = [mid for mid, body, state in zip(ids, bodies, states)
+                            if body is None or state in (None, b"", b"completed", b"failed")]
+                    if drop:
+                        pipe = client.pipeline(transaction=True)
+                        pipe.srem(acks_key, *drop)
+                        pipe.hdel(msgs_key, *drop)
+                        pipe.execute()
+                        dropped += len(drop)
+        if dropped:
+            log_event(log, "reconciler.stranded_acks_dropped", count=dropped)
+        return dropped
+
+
+def _job_id_in(raw: bytes | None) -> str:
+    """The jobId a stored dramatiq message carries ('' when unreadable)."""
+    if raw is None:
+        return ""
+    try:
+        body = json.loads(raw)["args"][0]
+        return str(body.get("jobId") or "") if isinstance(body, dict) else ""
+    except (ValueError, KeyError, IndexError, TypeError):
+        return ""
 
 
 def declare_import_actor(broker: dramatiq.Broker, runner: ImportRunner, settings: Settings) -> dramatiq.Actor:

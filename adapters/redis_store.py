@@ -76,6 +76,10 @@ def _translate() -> Iterator[None]:
         raise translated from exc
 
 
+#: For adapters that call Redis themselves (the reconciler): the same translation.
+store_errors = _translate
+
+
 class Keys:
     """Every key name, under one hash-tagged prefix: the one place they are made.
 
@@ -94,11 +98,15 @@ class Keys:
         self.unsent, self.waiting, self.active, self.completed, self.failed = (
             f"{prefix}jobs:{name}" for name in ("unsent", "waiting", "active", "completed", "failed")
         )
-        #: dramatiq's Redis broker namespace (its queues) and the sweeper's lock.
+        #: dramatiq's Redis broker namespace (its queues).
         self.dramatiq = f"{prefix}dramatiq"
-        self.sweeper_lock = f"{prefix}sweeper:lock"
         #: /health's write probe (a tiny expiring string).
         self.health = f"{prefix}health"
+        #: Reconciler: P:jobs:deadline (jobId -> deadline ms of every sent, non-final job),
+        #: P:fence (the attempts' fencing tokens), its lock.
+        self.deadline = f"{prefix}jobs:deadline"
+        self.fence = f"{prefix}fence"
+        self.reconciler_lock = f"{prefix}reconciler:lock"
 
     def job(self, job_id: str) -> str:
         return f"{self.prefix}job:{job_id}"
@@ -261,26 +269,49 @@ class RedisStore:
         return EnqueueOutcome("conflict")
 
     def mark_sent(self, job_id: str) -> None:
-        """The message of this job is in the broker: the sweeper may forget it."""
+        """The message of this job is in the broker: it now has until sentAt +
+        grace to start (the reconciler sends it again otherwise: a message can
+        still be lost after the send, e.g. fetched by a worker whose reply the
+        network dropped). NX: an attempt that already started keeps its deadline."""
+        k = self.keys
+        deadline = self._now() + int(self.settings.waiting_grace_s * 1000)
         with _translate():
-            self.client.zrem(self.keys.unsent, job_id)
+            pipe = self.client.pipeline(transaction=True)
+            pipe.zrem(k.unsent, job_id)
+            pipe.zadd(k.deadline, {job_id: deadline}, nx=True)
+            pipe.execute()
 
-    def unsent_before(self, cutoff_ms: int, limit: int = 500) -> list[tuple[str, str, str]]:
-        """Jobs recorded before cutoff whose message was never confirmed sent: (jobId, batchId, uploadId)."""
+    # -- reconciler ------------------------------------------------------
+
+    def reconcile(self, limit: int = 500) -> list[tuple[str, str, str]]:
+        """One reconciler pass (reconcile.lua): the (jobId, batchId, uploadId)
+        of every job past its deadline that must be sent again; jobs whose
+        attempts are used up are failed with import.attempts_exhausted."""
+        k, s = self.keys, self.settings
         with _translate():
-            ids = [_s(raw) for raw in self.client.zrangebyscore(self.keys.unsent, "-inf", cutoff_ms, start=0, num=limit)]
-            pipe = self.client.pipeline(transaction=False)
-            for job_id in ids:
-                pipe.hmget(self.keys.job(job_id), "state", "batchId", "uploadId")
-            out, gone = [], []
-            for job_id, rec in zip(ids, pipe.execute() if ids else []):
-                if rec[0] is None:  # record gone (retention): nothing to send
-                    gone.append(job_id)
-                else:
-                    out.append((job_id, _s(rec[1]), _s(rec[2])))
-            if gone:
-                self.client.zrem(self.keys.unsent, *gone)
-            return out
+            reply = self._scripts["reconcile"](
+                keys=[k.unsent, k.deadline, k.active, k.failed, k.events, k.stats],
+                args=[
+                    int(s.waiting_grace_s * 1000), limit, s.max_attempts, s.events_maxlen,
+                    k.job(""), k.upload(""), k.owner_jobs(""), k.failed_of(""),
+                    s.keep_failed_age_s * 1000, s.keep_failed_count,
+                    _error_json("import.attempts_exhausted"), _error_json("import.worker_lost"),
+                ],
+            )
+        flat = [_s(v) for v in reply]
+        return [(flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
+
+    def renew(self, attempts: list[tuple[str, str]]) -> int:
+        """Renew the lease of running attempts [(jobId, token)] in one round trip;
+        returns how many still hold their job."""
+        if not attempts:
+            return 0
+        k, lease = self.keys, int(self.settings.attempt_lease_s * 1000)
+        with _translate():
+            replies = self._pipelined([
+                ("renew", [k.job(job_id), k.deadline], [job_id, token, lease]) for job_id, token in attempts
+            ])
+        return sum(int(r) for r in replies)
 
     # -- worker side ---------------------------------------------------
 
@@ -300,23 +331,33 @@ class RedisStore:
         keys, args = self._job_step(job_id)
         with _translate():
             reply = self._scripts["start"](
-                keys=[*keys, k.upload(upload_id), k.waiting, k.unsent],
-                args=[*args, upload_id, s.max_attempts, _error_json("import.attempts_exhausted")],
+                keys=[*keys, k.upload(upload_id), k.waiting, k.unsent, k.deadline, k.fence],
+                args=[
+                    *args, upload_id, s.max_attempts, _error_json("import.attempts_exhausted"),
+                    int(s.attempt_lease_s * 1000), int((s.time_limit_s + s.stall_margin_s) * 1000),
+                    _error_json("import.upload_missing"),
+                ],
             )
         kind = _s(reply[0])
         if kind == "started":
-            started = StartedAttempt(int(reply[1]), _s(reply[2]), _s(reply[3]), _s(reply[4]), bytes(reply[5]))
+            started = StartedAttempt(
+                int(reply[1]), _s(reply[2]), _s(reply[3]), _s(reply[4]), bytes(reply[5]), token=_s(reply[6])
+            )
             return StartOutcome("started", started.attempt, started)
         if kind == "finished":
             return StartOutcome("finished", state=_s(reply[1]))
-        if kind in ("exhausted", "upload_missing"):
-            return StartOutcome(kind, int(reply[1]))
+        if kind in ("exhausted", "upload_missing", "busy"):
+            return StartOutcome(kind, int(reply[1] or 0), state="active" if kind == "busy" else "")
         return StartOutcome(kind)
 
     def validated_and_apply(
-        self, *, job_id: str, upload_id: str, attempt: int, batch_id: str, owner: str, shipment: Shipment
+        self, *, job_id: str, upload_id: str, attempt: int, batch_id: str, owner: str, shipment: Shipment,
+        token: str = "",
     ) -> ApplyResult:
         """Record progress 'validated' and run the apply script, in one round trip.
+
+        Both take effect only while the job is active under this attempt's
+        fencing token (``stale`` otherwise: a newer attempt holds the job).
 
         The progress write is a real milestone (validation finished before this
         call); pipelining it with the apply saves a round trip per import.
@@ -324,18 +365,18 @@ class RedisStore:
         k, s = self.keys, self.settings
         progress = json.dumps({"phase": "validated", "rows": shipment.row_count}, separators=(",", ":"))
         keys, args = self._job_step(job_id)
-        keys += [k.stock, k.generation, k.done(batch_id), k.journal, k.completed, k.upload(upload_id)]
+        keys += [k.stock, k.generation, k.done(batch_id), k.journal, k.completed, k.upload(upload_id), k.deadline]
         args += [
             batch_id, shipment.content_sha256, owner, attempt, MAX_STOCK,
             k.completed_of(""), s.keep_completed_age_s * 1000, s.keep_completed_count,
-            _error_json("batch.conflict"), _error_json("stock.overflow"),
+            _error_json("batch.conflict"), _error_json("stock.overflow"), token,
         ]
         for row in shipment.rows:
             args.append(row.sku)
             args.append(row.quantity)
         with _translate():
             _, reply = self._pipelined([
-                ("progress", [k.job(job_id), k.events], [job_id, self._now(), progress, attempt, s.events_maxlen]),
+                ("progress", [k.job(job_id), k.events], [job_id, self._now(), progress, attempt, s.events_maxlen, token]),
                 ("apply", keys, args),
             ])
         kind = _s(reply[0])
@@ -344,16 +385,21 @@ class RedisStore:
         return ApplyResult(kind, None, _s(reply[1]) if len(reply) > 1 else "")
 
     def record_failure(
-        self, *, job_id: str, attempt: int | None, final: bool, error: PublicError, diagnostic: str, next_attempt_at_ms: int | None
+        self, *, job_id: str, attempt: int | None, final: bool, error: PublicError, diagnostic: str,
+        next_attempt_at_ms: int | None, token: str = "",
     ) -> str:
+        """Record a failed attempt ('retrying' or 'failed'). Takes effect only
+        while the job is active under ``token`` ('' = no attempt started: only
+        while the job is not active); returns 'stale' otherwise."""
         keys, args = self._job_step(job_id)
         with _translate():
             reply = self._scripts["fail"](
-                keys=keys,
+                keys=[*keys, self.keys.deadline],
                 args=[
                     *args, "" if attempt is None else attempt, "1" if final else "0",
                     json.dumps(error.to_dict(), separators=(",", ":")), diagnostic[:4000],
                     next_attempt_at_ms if next_attempt_at_ms is not None else "",
+                    token, int(self.settings.waiting_grace_s * 1000),
                 ],
             )
         return _s(reply[0])

@@ -33,6 +33,7 @@ EXPLANATIONS: dict[str, tuple[str, str]] = {
     "import.attempts_exhausted": ("Import failed after all attempts", "The import kept failing for a temporary reason. Send it again; it will not be applied twice."),
     "import.time_limit": ("Import took too long", "The import exceeded its time limit on every attempt. Send it again or split it into smaller files."),
     "import.store_unavailable": ("Storage was unavailable", "The stock store could not be reached on every attempt. Send it again later; it will not be applied twice."),
+    "import.worker_lost": ("Worker stopped during the import", "The worker running the import stopped answering; the import is tried again and will not be applied twice."),
     "import.upload_missing": ("Upload is gone", "The stored file for this job was removed. Send the shipment again."),
     # HTTP
     "request.bad_json": ("Body is not valid JSON", "Send a JSON object {\"batchId\": ..., \"csv\": ...}."),

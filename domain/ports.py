@@ -34,13 +34,17 @@ class StartedAttempt:
     owner: str
     content_sha256: str
     csv: bytes
+    #: Fencing token of this attempt: the store accepts its writes only while
+    #: the job is active under this token (a newer attempt gets a new one).
+    token: str = ""
 
 
 @dataclass(frozen=True)
 class StartOutcome:
     """What starting an attempt did; ``started`` is set only when kind is 'started'."""
 
-    kind: Literal["started", "missing", "stale", "finished", "exhausted", "upload_missing"]
+    #: 'busy': another attempt holds the job under a live lease; this delivery is a duplicate.
+    kind: Literal["started", "missing", "stale", "finished", "exhausted", "upload_missing", "busy"]
     attempt: int = 0
     started: StartedAttempt | None = None
     state: str = ""
@@ -50,7 +54,8 @@ class StartOutcome:
 class ApplyResult:
     """What the atomic apply did to stock and to the job."""
 
-    kind: Literal["applied", "replayed", "conflict", "overflow", "finished", "missing"]
+    #: 'stale': a newer attempt holds the job (fenced off); nothing changed.
+    kind: Literal["applied", "replayed", "conflict", "overflow", "finished", "missing", "stale"]
     result: dict[str, Any] | None = None
     detail: str = ""
 
@@ -77,12 +82,13 @@ class AttemptStore(Protocol):
     def start_attempt(self, job_id: str, upload_id: str) -> StartOutcome: ...
 
     def validated_and_apply(
-        self, *, job_id: str, upload_id: str, attempt: int, batch_id: str, owner: str, shipment: Shipment
+        self, *, job_id: str, upload_id: str, attempt: int, batch_id: str, owner: str, shipment: Shipment,
+        token: str = "",
     ) -> ApplyResult: ...
 
     def record_failure(
         self, *, job_id: str, attempt: int | None, final: bool, error: PublicError, diagnostic: str,
-        next_attempt_at_ms: int | None,
+        next_attempt_at_ms: int | None, token: str = "",
     ) -> str: ...
 
 
@@ -92,5 +98,5 @@ class EventLog(Protocol):
     def __call__(self, event: str, level: int = ..., **fields: Any) -> None: ...
 
 
-#: Called once an attempt has started, with (jobId, attempt).
-OnStarted = Callable[[str, int], None]
+#: Called once an attempt has started, with (jobId, attempt, fencing token).
+OnStarted = Callable[[str, int, str], None]

@@ -24,7 +24,7 @@ class PermanentImportFailure(DomainError):
         self.code = code
 
 
-def _ignore_started(job_id: str, attempt: int) -> None:
+def _ignore_started(job_id: str, attempt: int, token: str) -> None:
     return None
 
 
@@ -41,8 +41,10 @@ def run_import(
 
     Returns 'applied' or 'replayed' (the done marker already held the result),
     or the reason the attempt was skipped ('finished', 'stale', 'missing',
-    'exhausted': a duplicate or late delivery; the record already tells the
-    truth). Raises :class:`PermanentImportFailure` after recording a failure
+    'exhausted', 'busy': a duplicate or late delivery; the record already tells
+    the truth). Every write of the attempt carries its fencing token: once a
+    newer attempt holds the job (this one's lease ran out), the apply answers
+    'stale' and changes nothing. Raises :class:`PermanentImportFailure` after recording a failure
     that retrying cannot fix. Any other exception (the store unreachable, the
     time limit) propagates to the queue, which retries the attempt.
     """
@@ -72,7 +74,7 @@ def run_import(
         return outcome.kind
     started = outcome.started
     ctx.update(owner=started.owner, attempt=started.attempt)
-    on_started(msg.job_id, started.attempt)
+    on_started(msg.job_id, started.attempt, started.token)
     log("import.started", logging.DEBUG, **ctx)
 
     parsed = parse_shipment(started.csv, max_rows=max_rows)
@@ -80,18 +82,22 @@ def run_import(
         store.record_failure(
             job_id=msg.job_id, attempt=started.attempt, final=True, error=public_error_for(parsed),
             diagnostic=f"{len(parsed.issues)} CSV issue(s), first {parsed.code}", next_attempt_at_ms=None,
+            token=started.token,
         )
         log("import.failed", code=parsed.code, issues=len(parsed.issues), **ctx)
         raise PermanentImportFailure(parsed.code)
 
     applied = store.validated_and_apply(
         job_id=msg.job_id, upload_id=msg.upload_id, attempt=started.attempt,
-        batch_id=msg.batch_id, owner=started.owner, shipment=parsed,
+        batch_id=msg.batch_id, owner=started.owner, shipment=parsed, token=started.token,
     )
     if applied.kind in ("conflict", "overflow"):
         # The apply script recorded the failure in the same atomic step.
         code = "batch.conflict" if applied.kind == "conflict" else "stock.overflow"
         log("import.failed", code=code, **ctx)
         raise PermanentImportFailure(code)
+    if applied.kind == "stale":
+        log("import.fenced", logging.WARNING, state=applied.detail, **ctx)
+        return "stale"
     log("import." + applied.kind, rows=parsed.row_count, **ctx)
     return applied.kind

@@ -31,7 +31,8 @@ def submit_import(
     A job whose record exists is returned as it is and nothing is sent again.
     The message is sent after the record exists; a producer that dies in
     between leaves the job in the store's *unsent* index, which the workers'
-    sweeper sends later.
+    reconciler sends later (so does a send that failed: the caller answers 503,
+    and a retry of the same POST is harmless).
     """
     job_id = job_id_for(batch_id)
     outcome = recorder.enqueue(

@@ -3,12 +3,14 @@
 --
 -- KEYS[1..5], ARGV[1..8]: the job-step header (common.lua), then
 -- KEYS[6] P:stock   KEYS[7] P:generation   KEYS[8] P:done:<batchId>   KEYS[9] P:journal
--- KEYS[10] P:jobs:completed   KEYS[11] P:upload:<uploadId>
+-- KEYS[10] P:jobs:completed   KEYS[11] P:upload:<uploadId>   KEYS[12] P:jobs:deadline
 -- ARGV[9] batchId  ARGV[10] contentSha256  ARGV[11] owner  ARGV[12] attempt  ARGV[13] maxStock
 -- ARGV[14] 'P:jobs:completed:' (an owner's completed index is this plus the owner)
 -- ARGV[15] keepCompletedAgeMs  ARGV[16] keepCompletedCount
 -- ARGV[17] public error JSON for a conflict  ARGV[18] ... for an overflow
--- ARGV[19] onwards: sku, quantity pairs (validated by domain/shipment.py)
+-- ARGV[19] the attempt's fencing token (start.lua): the apply and the job's
+--          completion take effect only while the job is active under it
+-- ARGV[20] onwards: sku, quantity pairs (validated by domain/shipment.py)
 --
 -- The rule is domain/stock.py's apply_shipment:
 --   done marker with the same hash -> replay: stored result, replay=true, no change
@@ -22,17 +24,21 @@
 --
 -- Returns {'applied', resultJson} | {'replayed', resultJson} | {'conflict'}
 --       | {'overflow', sku} | {'finished', state} | {'missing'}
+--       | {'stale', state}: a newer attempt holds the job (or the reconciler
+--         took it back); nothing changed
 
 local step = job_step()
 local job_key, job_id, now = step.key, step.id, step.now
 local batch_id, sha, owner, attempt = ARGV[9], ARGV[10], ARGV[11], ARGV[12]
 local max_stock = tonumber(ARGV[13])
-local first_pair = 19
+local first_pair = 20
 local rows = (#ARGV - first_pair + 1) / 2
 
-local state = redis.call('HGET', job_key, 'state')
+local state, token = unpack(redis.call('HMGET', job_key, 'state', 'token'))
 if not state then return {'missing'} end
 if is_finished(state) then return {'finished', state} end
+if state ~= 'active' or (token or '') ~= ARGV[19] then return {'stale', state} end
+redis.call('ZREM', KEYS[12], job_id)
 
 local function fail(error_json, diagnostic)
   mark_failed(step, batch_id, owner, attempt, error_json, diagnostic)

@@ -27,7 +27,10 @@
 --                                   retries, rows_applied, replays, duration buckets)
 --   P:rate:<owner>:<window> string  POSTs of one owner in one rate-limit window (expires)
 --   P:dramatiq:...          dramatiq's Redis broker (queues, delayed queues); no script touches them
---   P:sweeper:lock          string  one enqueue-safety sweep at a time (expires)
+--   P:jobs:deadline         zset    jobId -> deadline ms of every sent job not final yet (reconcile.lua)
+--   P:fence                 string  the attempts' fencing tokens (INCR in start.lua)
+--   P:reconciler:lock       string  one reconciler pass at a time (expires)
+--   P:health                string  /health's write probe (expires)
 --
 -- Time: enqueue.lua and progress.lua use the caller's clock (createdAt,
 -- rate-limit window); start, apply and fail use the server's (server_ms), so

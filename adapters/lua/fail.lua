@@ -6,25 +6,39 @@
 -- unreadable message: counts as a new attempt)  ARGV[10] final ('1' or '0')
 -- ARGV[11] public error JSON  ARGV[12] diagnostic (operators only)
 -- ARGV[13] next attempt at (ms, '' when final)
+-- KEYS[6] P:jobs:deadline
+-- ARGV[14] the attempt's fencing token ('' = no attempt started: only allowed
+--          while the job is not active)
+-- ARGV[15] grace ms: a retrying job whose next attempt has not started by
+--          nextAttemptAt + grace is sent again by the reconciler
 --
--- A finished job is never changed (returns {'finished', state}).
--- Returns {'failed'} | {'retrying'} | {'finished', state} | {'missing'}
+-- A finished job is never changed (returns {'finished', state}); neither is
+-- a job another attempt holds (returns {'stale', state}).
+-- Returns {'failed'} | {'retrying'} | {'finished', state} | {'missing'} | {'stale', state}
 
 local step = job_step()
 local error_json, diagnostic = ARGV[11], ARGV[12]
 local rec = redis.call('HMGET', step.key, 'state', 'batchId', 'owner')
 if not rec[1] then return {'missing'} end
 if is_finished(rec[1]) then return {'finished', rec[1]} end
+local token = redis.call('HGET', step.key, 'token') or ''
+if ARGV[14] == '' then
+  if rec[1] == 'active' then return {'stale', rec[1]} end
+elseif rec[1] ~= 'active' or token ~= ARGV[14] then
+  return {'stale', rec[1]}
+end
 
 local attempt = ARGV[9]
 if attempt == '' then attempt = redis.call('HINCRBY', step.key, 'attempt', 1) end
 if ARGV[10] == '1' then
   mark_failed(step, rec[2], rec[3], attempt, error_json, diagnostic)
+  redis.call('ZREM', KEYS[6], step.id)
   return {'failed'}
 end
 redis.call('ZREM', step.active, step.id)
 redis.call('HSET', step.key, 'state', 'retrying', 'error', error_json, 'diagnostic', diagnostic,
   'nextAttemptAt', ARGV[13], 'updatedAt', step.now)
+redis.call('ZADD', KEYS[6], tonumber(ARGV[13]) + tonumber(ARGV[15]), step.id)
 emit(step.events, step.maxlen, 'retrying', step.id, rec[2], attempt, error_json)
 count(step.stats, 'retries')
 return {'retrying'}

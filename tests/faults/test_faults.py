@@ -32,7 +32,9 @@ def _start(make_redis: Any, make_faulty: Any, *, fsync: str = "always", workers:
     system = make_faulty(server, **env)
     for _ in range(workers):
         system.start_worker()
-    system.start_http()
+    # 2 x 4 threads: more than the driver's 4 + the health probe's 1 concurrent
+    # requests, so a request's time is its own wait, not a queue behind others.
+    system.start_http(workers=2)
     return server, system
 
 

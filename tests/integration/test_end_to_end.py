@@ -168,8 +168,12 @@ def test_a_worker_killed_after_the_apply_and_before_the_ack_applies_once(make_sy
     doomed.kill()
 
     survivor = system.start_worker()
-    # Redelivered after the heartbeat timeout (3 s here), seen as finished, acked.
-    wait_for(lambda: '"reason": "finished"' in survivor.log(), 30, message="redelivery to the new worker")
+    # Redelivered after the heartbeat timeout (3 s here), seen as finished, acked;
+    # or dropped first by the reconciler as a stranded message of a finished job.
+    wait_for(
+        lambda: '"reason": "finished"' in survivor.log() or "reconciler.stranded_acks_dropped" in survivor.log(), 30,
+        message="redelivery to the new worker, or the stranded message dropped",
+    )
     if system.transport == "redis":
         wait_for(lambda: stored_messages(system) == 0, 10, message="the redelivered message acknowledged")
     store = system.store()

@@ -141,7 +141,8 @@ class FakeAttemptStore:
         return StartOutcome("started", self.attempt, StartedAttempt(self.attempt, self.batch_id, self.owner, "", self.csv))
 
     def validated_and_apply(
-        self, *, job_id: str, upload_id: str, attempt: int, batch_id: str, owner: str, shipment: Shipment
+        self, *, job_id: str, upload_id: str, attempt: int, batch_id: str, owner: str, shipment: Shipment,
+        token: str = "",
     ) -> ApplyResult:
         kind = "replayed" if batch_id in self.applied else "applied"
         self.applied.append(batch_id)
@@ -150,7 +151,7 @@ class FakeAttemptStore:
 
     def record_failure(
         self, *, job_id: str, attempt: int | None, final: bool, error: PublicError, diagnostic: str,
-        next_attempt_at_ms: int | None,
+        next_attempt_at_ms: int | None, token: str = "",
     ) -> str:
         self.failures.append((error.code, final))
         self.state = "failed" if final else "retrying"

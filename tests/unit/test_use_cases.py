@@ -62,7 +62,7 @@ def test_run_applies_once_and_skips_a_redelivery() -> None:
     body = encode_message("shipment-b-1", "b-1", UPLOAD)
     started: list[tuple[str, int]] = []
 
-    first = run_import(store, body, accepted_versions=frozenset({1}), max_rows=100, log=log, on_started=lambda j, a: started.append((j, a)))
+    first = run_import(store, body, accepted_versions=frozenset({1}), max_rows=100, log=log, on_started=lambda j, a, t: started.append((j, a)))
     second = run_import(store, body, accepted_versions=frozenset({1}), max_rows=100, log=log)
 
     assert (first, second) == ("applied", "finished")
