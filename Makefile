@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run demo test test-browser unit integration openapi bench clean
+.PHONY: run demo test test-browser unit integration faults openapi bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,15 @@ unit: $(STAMP)
 
 integration: $(STAMP)
 	$(BIN)/python -m pytest tests/integration
+
+# Fault soak (not in CI): the fault suite again and again with new seeds for
+# FAULTS_MINUTES (30); stops at the first failure. `make test` runs it once.
+faults: $(STAMP)
+	@end=$$(( $$(date +%s) + $${FAULTS_MINUTES:-30} * 60 )); n=0; \
+	while [ $$(date +%s) -lt $$end ]; do n=$$((n + 1)); \
+	  IMPORTER_FAULTS_SEED=$$n $(BIN)/python -m pytest tests/faults -q -s -p no:cacheprovider > .faults.log 2>&1; rc=$$?; \
+	  grep -E '^\[faults\]|passed|failed' .faults.log; [ $$rc -eq 0 ] || { echo "run $$n failed: see .faults.log"; exit 1; }; \
+	done; echo "faults: $$n runs passed"
 
 openapi: $(STAMP)
 	$(BIN)/importer openapi --write

@@ -135,6 +135,8 @@ class Driver:
 
     def __init__(self, system: System, count: int, *, threads: int = 4, skus: int = 25, seed: int = 0,
                  give_up_after: float = 120.0) -> None:
+        # `make faults` (the soak) varies the contents and timing run by run.
+        seed += 1000 * int(os.environ.get("IMPORTER_FAULTS_SEED", "0"))
         rng = random.Random(seed)
         self.system = system
         self.posts = [
@@ -220,10 +222,12 @@ class Report:
     max_to_final_s: float
     statuses: dict[int, int]
     max_request_s: float
+    #: jobs that needed more than one attempt (the fault hit a running attempt)
+    retried: int = 0
 
     def line(self, name: str) -> str:
         return (f"[faults] {name}: jobs={self.jobs} completed={self.completed} failed={self.failed} "
-                f"stuck={len(self.stuck)} max_time_to_final={self.max_to_final_s:.1f}s "
+                f"stuck={len(self.stuck)} retried={self.retried} max_time_to_final={self.max_to_final_s:.1f}s "
                 f"statuses={dict(sorted(self.statuses.items()))} max_request={self.max_request_s:.1f}s")
 
 
@@ -305,9 +309,10 @@ def check_invariants(system: System, redis_url: str, driver: Driver, *, fault_ov
     assert journal == Counter({b: 1 for b in done}), f"journal != one entry per applied batch: {journal - Counter(set(done))}"
     assert int(client.get(f"{prefix}generation") or 0) == len(done), "generation != number of applied batches"
 
-    states = {}
+    states, attempts = {}, {}
     for job_id in job_ids:
-        states[job_id] = _s(client.hget(f"{prefix}job:{job_id}", "state"))
+        state, attempt = client.hmget(f"{prefix}job:{job_id}", "state", "attempt")
+        states[job_id], attempts[job_id] = _s(state), int(attempt or 0)
     lost = {j for j, s in states.items() if s == ""}
     if lost_ok is not None:
         unexplained = {j for j in lost if j[len("shipment-"):] not in lost_ok}
@@ -323,7 +328,7 @@ def check_invariants(system: System, redis_url: str, driver: Driver, *, fault_ov
         jobs=len(job_ids), completed=sum(1 for s in states.values() if s == "completed"),
         failed=sum(1 for s in states.values() if s == "failed"), stuck=stuck,
         max_to_final_s=max(final_at.values(), default=0.0), statuses=dict(driver.statuses()),
-        max_request_s=driver.max_duration(),
+        max_request_s=driver.max_duration(), retried=sum(1 for a in attempts.values() if a > 1),
     )
     print(report.line(os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]))
     assert not stuck, f"{len(stuck)} job(s) not final {bound:.0f}s after the fault: " + json.dumps(

@@ -27,11 +27,17 @@ SOCKET_TIMEOUT = float(FAULT_ENV["IMPORTER_REDIS_SOCKET_TIMEOUT"])
 REQUEST_BOUND = SOCKET_TIMEOUT + 2
 
 
-def _start(make_redis: Any, make_faulty: Any, *, fsync: str = "always", workers: int = 2, **env: str) -> tuple[Any, Any]:
+#: Slows each attempt of the worker that a scenario stops or kills, so that it
+#: surely holds running attempts and prefetched messages at that moment.
+SLOW = "before_apply:0.3"
+
+
+def _start(make_redis: Any, make_faulty: Any, *, fsync: str = "always", workers: int = 2, slow_first: bool = False,
+           **env: str) -> tuple[Any, Any]:
     server = make_redis(fsync)
     system = make_faulty(server, **env)
-    for _ in range(workers):
-        system.start_worker()
+    for n in range(workers):
+        system.start_worker(**({"IMPORTER_FAULT": SLOW} if slow_first and n == 0 else {}))
     # 2 x 4 threads: more than the driver's 4 + the health probe's 1 concurrent
     # requests, so a request's time is its own wait, not a queue behind others.
     system.start_http(workers=2)
@@ -125,7 +131,7 @@ def test_redis_full_then_freed(make_redis: Any, make_faulty: Any) -> None:
 
 
 def test_worker_sigstop_past_heartbeat_timeout(make_redis: Any, make_faulty: Any) -> None:
-    server, system = _start(make_redis, make_faulty)
+    server, system = _start(make_redis, make_faulty, slow_first=True)
     stopped = system.procs[0]
     driver = Driver(system, 300, seed=4).start()
     driver.posted.wait(60)
@@ -133,7 +139,8 @@ def test_worker_sigstop_past_heartbeat_timeout(make_redis: Any, make_faulty: Any
     fault_over = time.monotonic()  # the other worker must finish everything while this one sleeps
     try:
         driver.join()
-        check_invariants(system, server.url, driver, fault_over=fault_over, bound=BOUND)
+        report = check_invariants(system, server.url, driver, fault_over=fault_over, bound=BOUND)
+        assert report.retried >= 1, "the stopped worker held no running attempt: the scenario tested nothing"
     finally:
         stopped.signal(signal.SIGCONT)
     time.sleep(3)  # the stale worker wakes up: nothing it does may change the books
@@ -141,13 +148,14 @@ def test_worker_sigstop_past_heartbeat_timeout(make_redis: Any, make_faulty: Any
 
 
 def test_worker_sigkill_mid_drain(make_redis: Any, make_faulty: Any) -> None:
-    server, system = _start(make_redis, make_faulty)
+    server, system = _start(make_redis, make_faulty, slow_first=True)
     driver = Driver(system, 300, seed=5).start()
     driver.posted.wait(60)
     system.procs[0].kill()
     fault_over = time.monotonic()
     driver.join()
-    check_invariants(system, server.url, driver, fault_over=fault_over, bound=BOUND)
+    report = check_invariants(system, server.url, driver, fault_over=fault_over, bound=BOUND)
+    assert report.retried >= 1, "the killed worker held no running attempt: the scenario tested nothing"
 
 
 def test_client_pause_during_posts(make_redis: Any, make_faulty: Any) -> None:

@@ -128,6 +128,7 @@ class System:
             IMPORTER_KEY_PREFIX=self.prefix,
             IMPORTER_API_KEYS=f"owner-a:{hash_key(self.api_key)},owner-b:{hash_key(self.other_key)}",
             IMPORTER_HEARTBEAT_TIMEOUT="3",
+            IMPORTER_ATTEMPT_LEASE="3",
             IMPORTER_BROKER_MAINTENANCE_CHANCE="1000000",
             IMPORTER_SWEEP_INTERVAL="0.5",
             PYTHONUNBUFFERED="1",

@@ -295,7 +295,9 @@ def test_a_retry_after_a_killed_worker_reports_attempt_2(make_system: object) ->
     assert (record["state"], record["attempt"]) == ("completed", 2)
     wait_for(lambda: "completed" in out.read_text(), 10, message="completion event")
     mine = [json.loads(line) for line in _lines(out) if "shipment-retry-2" in line]
+    # The killed attempt's lease runs out: the reconciler takes the job back
+    # (retrying, import.worker_lost) and sends it again.
     assert [(e["event"], e["attempt"]) for e in mine] == [
-        ("waiting", 0), ("active", 1), ("active", 2), ("progress", 2), ("progress", 2), ("completed", 2),
+        ("waiting", 0), ("active", 1), ("retrying", 1), ("active", 2), ("progress", 2), ("progress", 2), ("completed", 2),
     ]
     assert system.store().generation() == 1
