@@ -78,7 +78,7 @@ class HealthProbe:
 
 @pytest.mark.parametrize("fsync", ["always", "everysec"])
 def test_redis_sigkill_mid_drain_then_restart_on_aof(make_redis: Any, make_faulty: Any, fsync: str) -> None:
-    server, system = _start(make_redis, make_faulty, fsync=fsync)
+    server, system = _start(make_redis, make_faulty, fsync=fsync, slow_first=True)
     driver = Driver(system, 300, seed=1).start()
     driver.posted.wait(60)
     killed_at = time.monotonic()
@@ -95,7 +95,7 @@ def test_redis_sigkill_mid_drain_then_restart_on_aof(make_redis: Any, make_fault
 
 
 def test_redis_sigstop_mid_drain(make_redis: Any, make_faulty: Any) -> None:
-    server, system = _start(make_redis, make_faulty)
+    server, system = _start(make_redis, make_faulty, slow_first=True)
     driver = Driver(system, 300, seed=2).start()
     driver.posted.wait(60)
     with HealthProbe(system) as health:
@@ -112,7 +112,7 @@ def test_redis_sigstop_mid_drain(make_redis: Any, make_faulty: Any) -> None:
 
 
 def test_redis_full_then_freed(make_redis: Any, make_faulty: Any) -> None:
-    server, system = _start(make_redis, make_faulty)
+    server, system = _start(make_redis, make_faulty, slow_first=True)
     admin = server.client()
     driver = Driver(system, 300, seed=3).start()
     driver.posted.wait(60)
@@ -130,11 +130,21 @@ def test_redis_full_then_freed(make_redis: Any, make_faulty: Any) -> None:
     assert "redis_refuses_writes" in reasons, f"/health while Redis was full: {sorted(set(health.seen))[:5]}"
 
 
-def test_worker_sigstop_past_heartbeat_timeout(make_redis: Any, make_faulty: Any) -> None:
-    server, system = _start(make_redis, make_faulty, slow_first=True)
-    stopped = system.procs[0]
-    driver = Driver(system, 300, seed=4).start()
+def _busy_slow_worker(make_redis: Any, make_faulty: Any, seed: int) -> tuple[Any, Any, Any, Any]:
+    """A slowed worker alone until it runs attempts with a backlog behind it,
+    then a second worker: the first one surely holds running attempts and
+    prefetched messages when the scenario stops or kills it."""
+    server, system = _start(make_redis, make_faulty, workers=1, slow_first=True)
+    slow = system.procs[0]
+    driver = Driver(system, 300, seed=seed).start()
+    wait_for(lambda: slow.log().count("fault.injected") >= 4, 60, 0.05, message="the slow worker running attempts")
+    system.start_worker()
     driver.posted.wait(60)
+    return server, system, slow, driver
+
+
+def test_worker_sigstop_past_heartbeat_timeout(make_redis: Any, make_faulty: Any) -> None:
+    server, system, stopped, driver = _busy_slow_worker(make_redis, make_faulty, seed=4)
     stopped.signal(signal.SIGSTOP)
     fault_over = time.monotonic()  # the other worker must finish everything while this one sleeps
     try:
@@ -148,10 +158,8 @@ def test_worker_sigstop_past_heartbeat_timeout(make_redis: Any, make_faulty: Any
 
 
 def test_worker_sigkill_mid_drain(make_redis: Any, make_faulty: Any) -> None:
-    server, system = _start(make_redis, make_faulty, slow_first=True)
-    driver = Driver(system, 300, seed=5).start()
-    driver.posted.wait(60)
-    system.procs[0].kill()
+    server, system, killed, driver = _busy_slow_worker(make_redis, make_faulty, seed=5)
+    killed.kill()
     fault_over = time.monotonic()
     driver.join()
     report = check_invariants(system, server.url, driver, fault_over=fault_over, bound=BOUND)
