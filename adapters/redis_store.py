@@ -52,10 +52,11 @@ def unavailable(exc: BaseException) -> StoreUnavailable | None:
     """The StoreUnavailable a Redis error means, or None for a real bug (WRONGTYPE, a script error...)."""
     if isinstance(exc, StoreUnavailable):
         return exc
-    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError)):
-        return StoreUnavailable(type(exc).__name__)
+    # BusyLoadingError is a ConnectionError in redis-py: test the refusals first.
     if isinstance(exc, (redis.exceptions.OutOfMemoryError, redis.exceptions.BusyLoadingError, redis.exceptions.ReadOnlyError)):
         return StoreUnavailable(type(exc).__name__, "redis_refuses_writes")
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError)):
+        return StoreUnavailable(type(exc).__name__)
     if isinstance(exc, redis.ResponseError):
         text = str(exc)
         # A script's error reads "... script: ...: OOM command not allowed ..." on some versions.
