@@ -109,6 +109,8 @@ def build_http(settings: Settings) -> HttpSide:
             limit=settings.max_event_streams,
             heartbeat_s=settings.event_stream_heartbeat_s,
             max_duration_s=settings.event_stream_max_duration_s,
+            # A blocking read must end before the socket timeout cuts it.
+            block_s=max(0.1, min(5.0, settings.redis_socket_timeout_s / 2)),
         ),
     )
     keys = KeyRing.parse(settings.api_keys)

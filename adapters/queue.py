@@ -248,6 +248,7 @@ class Reconciler(Middleware):
         self.broker: Any = None
         self.queue: ImportQueue | None = None
         self._stop = threading.Event()
+        self._draining = threading.Event()
         self._thread: threading.Thread | None = None
 
     @property
@@ -261,6 +262,11 @@ class Reconciler(Middleware):
         self._thread.start()
 
     def before_worker_shutdown(self, broker: Any, worker: Any) -> None:
+        # No more passes; the leases of the imports still finishing are renewed
+        # until dramatiq has stopped its worker threads.
+        self._draining.set()
+
+    def after_worker_shutdown(self, broker: Any, worker: Any) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.settings.redis_socket_timeout_s + 2)
@@ -270,6 +276,8 @@ class Reconciler(Middleware):
         while not self._stop.wait(self.tick_s):
             try:
                 self.store.renew(self.runner.in_flight())
+                if self._draining.is_set():
+                    continue
                 if time.monotonic() - last_pass >= self.settings.reconcile_interval_s:
                     last_pass = time.monotonic()
                     self.reconcile_once()
