@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from importer.adapters.settings import ClientSettings
+from importer.domain.jobs import FINISHED_STATES
 
 
 def http_json(method: str, url: str, key: str | None, body: bytes | None = None, ctype: str = "") -> tuple[int, Any]:
@@ -104,7 +105,7 @@ def follow(url: str, key: str, job_id: str, *, timeout: float, interval: float =
         elif line != last:
             print(f"{line} elapsed={elapsed:.1f}s", flush=True)
         last = line
-        if record["state"] in ("completed", "failed"):
+        if record["state"] in FINISHED_STATES:
             if live:
                 print()
             return _show_final(record)
@@ -147,6 +148,6 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     progress = record.get("progress") or {}
     print(f"{record['id']}: {record['state']} (attempt {record['attempt']}, phase {progress.get('phase', '-')}, rows {progress.get('rows', '-')})")
-    if record["state"] in ("completed", "failed"):
+    if record["state"] in FINISHED_STATES:
         _show_final(record)
     return 0

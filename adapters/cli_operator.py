@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 
+from importer.adapters.redis_store import Keys
 from importer.adapters.settings import Settings
 
 
@@ -61,7 +62,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     line("ok" if report.aof else "warn", "persistence", f"{report.persistence} (AOF {'on' if report.aof else 'off'}, RDB save '{report.rdb_save}')")
     store = RedisStore(client, settings, clock_ms=clock_ms)
     stats = store.queue_stats()
-    ns = f"{settings.key_prefix}dramatiq"
+    ns = Keys(settings.key_prefix).dramatiq
     queued = client.llen(f"{ns}:{settings.queue_name}")
     delayed = client.llen(f"{ns}:{settings.queue_name}.DQ")
     line("ok", "queue", f"{queued} message(s) ready, {delayed} delayed (retries waiting for their backoff)")

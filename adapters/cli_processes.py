@@ -18,6 +18,7 @@ from typing import Any
 
 from importer.adapters.cli_client import http_json
 from importer.adapters.settings import DevSettings, Settings, child_env
+from importer.domain.jobs import FINISHED_STATES
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_FIXTURE = ROOT / "fixtures" / "shipment-a-2026.csv"
@@ -138,7 +139,7 @@ def run_demo(url: str, key: str, fixture: Path = DEMO_FIXTURE) -> int:
         if shown != last:
             print(f"demo: GET {job_url} -> {status} {json.dumps(shown)}", flush=True)
             last = shown
-        if status == 200 and record["state"] in ("completed", "failed"):
+        if status == 200 and record["state"] in FINISHED_STATES:
             return 0 if record["state"] == "completed" else 1
         time.sleep(0.1)
     print("demo: the import did not finish within 60 s", flush=True)

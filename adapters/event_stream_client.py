@@ -18,9 +18,12 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any, Literal
 
-FINAL = ("completed", "failed")
+from importer.domain.jobs import FINISHED_STATES, JobState
+
 #: Seconds without a byte before the connection is given up (the server sends a heartbeat every 15 s).
 READ_TIMEOUT_S = 45.0
+
+_STATES = frozenset(JobState)
 
 Outcome = Literal["finished", "unavailable", "timeout"]
 
@@ -29,7 +32,7 @@ def apply_event(view: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:
     """The job as last seen: state, attempt, progress, after one event."""
     out = dict(view, attempt=event.get("attempt", view.get("attempt", 0)))
     kind, data = event.get("event"), event.get("data") or {}
-    if kind in ("waiting", "active", "retrying", "completed", "failed"):
+    if kind in _STATES:
         out["state"] = kind
     if kind == "active":
         out["progress"] = None
@@ -80,7 +83,7 @@ def follow_stream(
                         last_id = event["id"]
                     on_event(event)
                     failures = 0
-                    if event.get("event") in FINAL:
+                    if event.get("event") in FINISHED_STATES:
                         return "finished"
                     if clock() >= deadline:
                         return "timeout"

@@ -35,7 +35,7 @@ from dramatiq.middleware import CurrentMessage, Middleware, Retries, ShutdownNot
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from importer.adapters.logs import log_event
-from importer.adapters.redis_store import RedisStore, StoreUnavailable, store_errors, unavailable
+from importer.adapters.redis_store import Keys, RedisStore, StoreUnavailable, store_errors, unavailable
 from importer.adapters.settings import Settings
 from importer.domain.contract import encode_message
 from importer.domain.errors import PublicError
@@ -76,7 +76,7 @@ def build_broker(settings: Settings, client: Any, *, worker_middleware: list[Mid
     return RedisBroker(
         client=client if not url else None,
         url=url,
-        namespace=f"{settings.key_prefix}dramatiq",
+        namespace=Keys(settings.key_prefix).dramatiq,
         middleware=middleware,
         heartbeat_timeout=int(settings.heartbeat_timeout_s * 1000),
         maintenance_chance=settings.maintenance_chance,
