@@ -129,11 +129,11 @@ def build_worker(settings: Settings) -> dramatiq.Broker:
 
         attempts = FaultyAttemptStore(store, Faults(settings.fault))
     runner = ImportRunner(attempts, settings)
-    middleware = [AttemptRecorder(runner, settings), Reconciler(store, runner, settings), CloseConnections(client)]
+    middleware = [Reconciler(store, runner, settings), CloseConnections(client)]
     if settings.worker_metrics_port:
         from importer.adapters.worker_metrics import WorkerPrometheus
 
         middleware.append(WorkerPrometheus())
-    broker = build_broker(settings, client, worker_middleware=middleware)
+    broker = build_broker(settings, client, worker_middleware=middleware, recorder=AttemptRecorder(runner, settings))
     declare_import_actor(broker, runner, settings)
     return broker

@@ -46,7 +46,10 @@ ACTOR_NAME = "import_shipment"
 log = logging.getLogger("importer.worker")
 
 
-def build_broker(settings: Settings, client: Any, *, worker_middleware: list[Middleware] | None = None) -> dramatiq.Broker:
+def build_broker(
+    settings: Settings, client: Any, *, worker_middleware: list[Middleware] | None = None,
+    recorder: Middleware | None = None,
+) -> dramatiq.Broker:
     """The broker with its middleware declared explicitly (no global broker).
 
     The transport is configuration only (IMPORTER_BROKER_URL): Redis by
@@ -54,8 +57,16 @@ def build_broker(settings: Settings, client: Any, *, worker_middleware: list[Mid
     POST answers 202 only once RabbitMQ has stored the message. Nothing else in
     the code base depends on which one it is.
     """
+    # dramatiq runs before_* hooks in list order and after_* hooks in reverse.
+    # TimeLimit is listed last: it arms the attempt's timer right before the
+    # actor and disarms it first after it, so no after_* hook (the retry's
+    # enqueue, the failure write) runs under the timer. Before, a hook blocked
+    # on a stopped Redis (a socket timeout long) was hit by TimeLimit's
+    # asynchronous exception, which killed the dramatiq worker thread while
+    # its consumer kept fetching messages nobody ran (fault suite, Redis
+    # SIGSTOP). The recorder (AttemptRecorder) is listed first: it runs last.
     middleware: list[Middleware] = [
-        TimeLimit(time_limit=int(settings.time_limit_s * 1000), interval=100),
+        *([recorder] if recorder is not None else []),
         ShutdownNotifications(notify_shutdown=False),
         CurrentMessage(),
         Retries(
@@ -63,10 +74,8 @@ def build_broker(settings: Settings, client: Any, *, worker_middleware: list[Mid
             min_backoff=settings.min_backoff_ms,
             max_backoff=settings.max_backoff_ms,
         ),
-        # dramatiq runs after_* hooks in reverse order: listed after Retries,
-        # AttemptRecorder sees the retry count of the attempt that failed,
-        # before Retries increments it.
         *(worker_middleware or []),
+        TimeLimit(time_limit=int(settings.time_limit_s * 1000), interval=100),
     ]
     url = settings.broker_url
     if url and url.startswith(("amqp://", "amqps://")):
@@ -189,13 +198,12 @@ class AttemptRecorder(Middleware):
         if exception is None or isinstance(exception, PermanentImportFailure) or known is None:
             return
         job_id, attempt, token = known
-        retries_done = message.options.get("retries", 0)
         # The record's attempt counter is the truth (redeliveries and the
         # reconciler's resends count too); when dramatiq has no retry left for
         # this message, the reconciler sends it after nextAttemptAt + grace.
         final = attempt >= self.settings.max_attempts
         code = _code_for(exception)
-        backoff = min(self.settings.min_backoff_ms * (2**retries_done), self.settings.max_backoff_ms)
+        backoff = min(self.settings.min_backoff_ms * (2 ** max(0, attempt - 1)), self.settings.max_backoff_ms)
         diagnostic = f"{type(exception).__name__}: {exception}{_where(exception)}"
         log_event(
             log, "import.attempt_failed", logging.WARNING, jobId=job_id, attempt=attempt, code=code,

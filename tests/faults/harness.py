@@ -335,6 +335,8 @@ def check_invariants(system: System, redis_url: str, driver: Driver, *, fault_ov
         {j: {_s(k): _s(v) for k, v in client.hgetall(f'{prefix}job:{j}').items() if _s(k) not in ('diagnostic',)} for j in stuck[:3]}
     )
     assert 500 not in report.statuses, f"answers of 500: {report.statuses}"
+    for proc in system.procs:  # a dramatiq worker thread killed by an exception runs nothing ever again
+        assert "Exception in thread" not in proc.log(), f"a thread died in {proc.log_path.name}"
 
     def drained() -> bool:
         left = broker_leftovers(client, prefix, system.queue_name)
