@@ -49,7 +49,9 @@ EXPLANATIONS: dict[str, tuple[str, str]] = {
     "service.busy": ("Too many live streams", "This server holds as many live event streams as it allows. Retry after the seconds in Retry-After, or poll GET /api/imports/{jobId}."),
     "request.stream_unsupported": ("Live streams not supported here", "This deployment cannot hold a live stream open. Poll GET /api/imports/{jobId} instead."),
     "service.unavailable": ("Service unavailable", "The service cannot reach its store or is shutting down. Retry later."),
-    "internal": ("Internal error", "Something went wrong on our side. Retry later; the request id is in the logs."),
+    "request.incomplete": ("Body is incomplete", "The connection ended before the whole body arrived (fewer bytes than Content-Length, or a chunked body without its last chunk). Nothing was recorded: send the whole request again."),
+    "service.busy": ("Too many uploads in progress", "This server is receiving as many large uploads as it takes at once. Wait for the number of seconds in Retry-After, then send again."),
+    "internal": ("Internal error", "Something went wrong on our side. Retry later; when you report it, quote the requestId of this answer (it is on every log line of the request)."),
 }
 
 
