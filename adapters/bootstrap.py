@@ -6,10 +6,13 @@ once per process (each gunicorn worker, each dramatiq worker process).
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import dramatiq
 import redis
@@ -68,6 +71,38 @@ def redis_client(settings: Settings) -> redis.Redis:
     )
 
 
+#: glibc mallopt parameter: allocations at least this large get their own mmap.
+_M_MMAP_THRESHOLD = -3
+
+
+def release_free_memory() -> None:
+    """Give freed heap memory back to the OS (glibc's malloc_trim), so an HTTP
+    process does not keep the peak of its last large upload. No-op elsewhere."""
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+def bound_large_allocations() -> None:
+    """Let every allocation of 1 MiB or more (an upload's buffers) be its own
+    mmap, returned to the OS when freed. glibc otherwise raises this threshold
+    to the largest block freed so far (up to 32 MiB), after which such blocks
+    come from the heap and stay with the process. No-op outside glibc."""
+    libc = _glibc()
+    if libc is not None:
+        libc.mallopt(_M_MMAP_THRESHOLD, 1024 * 1024)
+
+
+@functools.cache
+def _glibc() -> Any:
+    try:
+        libc = ctypes.CDLL("libc.so.6")  # glibc (Linux); not found elsewhere
+        libc.malloc_trim, libc.mallopt  # noqa: B018 - both must exist
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
 @dataclass
 class HttpSide:
     settings: Settings
@@ -84,6 +119,7 @@ class HttpSide:
 
 
 def build_http(settings: Settings) -> HttpSide:
+    bound_large_allocations()
     client = redis_client(settings)
     store = RedisStore(client, settings, clock_ms=clock_ms)
     broker = build_broker(settings, client)
@@ -112,6 +148,8 @@ def build_http(settings: Settings) -> HttpSide:
             # A blocking read must end before the socket timeout cuts it.
             block_s=max(0.1, min(5.0, settings.redis_socket_timeout_s / 2)),
         ),
+        max_concurrent_uploads=settings.max_concurrent_uploads,
+        release_memory=release_free_memory,
     )
     keys = KeyRing.parse(settings.api_keys)
     if not keys.entries:

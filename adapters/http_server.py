@@ -20,24 +20,60 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
+from gunicorn.glogging import Logger as GunicornLogger
 
 from importer.adapters.bootstrap import HttpSide, build_http
-from importer.adapters.logs import configure_logging, log_event
+from importer.adapters.logs import JsonFormatter, configure_logging, log_event
 from importer.adapters.settings import Settings
 from importer.adapters.signals import StopOnce
+from importer.handlers.wsgi import body_limit
 
 log = logging.getLogger("importer.http")
 
 
 def wsgi_app() -> Any:
-    """Factory for other WSGI servers: ``waitress-serve --call importer.adapters.http_server:wsgi_app``."""
+    """Factory for other WSGI servers: ``waitress-serve --call importer.adapters.http_server:wsgi_app``.
+
+    Under waitress it also sets waitress's default ``max_request_body_size``
+    to the app's body limit: waitress buffers a whole body (to a temp file)
+    before it calls the app, by default up to 1 GiB. The factory runs before
+    waitress reads its options, and an explicit ``--max-request-body-size``
+    still wins.
+    """
     configure_logging()
-    return build_http(Settings.from_env()).app
+    settings = Settings.from_env()
+    side = build_http(settings)
+    _bound_waitress_bodies(body_limit(side.api))
+    return side.app
+
+
+def _bound_waitress_bodies(limit: int) -> None:
+    if "waitress" not in sys.modules:
+        return
+    from waitress.adjustments import Adjustments
+
+    # waitress refuses a body when its size >= max_request_body_size.
+    Adjustments.max_request_body_size = limit + 1
+    log_event(log, "http.waitress_body_limit", max_request_body_size=limit + 1)
+
+
+class JsonGunicornLogger(GunicornLogger):  # type: ignore[misc]
+    """gunicorn's own error (and access) lines as JSON, like every other line.
+
+    gunicorn's Logger installs its handlers with plain-text formatters; this
+    keeps its handlers (file, level, reopen on USR1) and swaps the formatter."""
+
+    def setup(self, cfg: Any) -> None:
+        super().setup(cfg)
+        for logger in (self.error_log, self.access_log):
+            for handler in logger.handlers:
+                handler.setFormatter(JsonFormatter())
 
 
 class _GracefulArbiter(Arbiter):  # type: ignore[misc]
@@ -101,5 +137,6 @@ def serve(bind: str, workers: int, threads: int, timeout: int, graceful_timeout:
             "accesslog": None,
             "errorlog": "-",
             "loglevel": "warning",
+            "logger_class": "importer.adapters.http_server.JsonGunicornLogger",
         }
     ).run()

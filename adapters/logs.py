@@ -11,6 +11,8 @@ import sys
 import time
 from typing import Any
 
+from importer.handlers.http import request_id_var
+
 _RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", (), None)))
 
 
@@ -22,6 +24,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        request_id = request_id_var.get()
+        if request_id is not None:
+            out["requestId"] = request_id
         for key, value in vars(record).items():
             if key not in _RESERVED and not key.startswith("_"):
                 out[key] = value

@@ -248,26 +248,40 @@ class RedisStore:
     ) -> EnqueueOutcome:
         k, s = self.keys, self.settings
         now = self._now()
-        window_ms = max(1, int(s.rate_window_s * 1000))
         with _translate():
             reply = self._scripts["enqueue"](
                 keys=[
                     k.job(job_id), k.upload(upload_id), k.done(batch_id), k.unsent, k.waiting, k.events,
-                    k.rate(owner, now // window_ms), k.owner_jobs(owner),
+                    k.owner_jobs(owner),
                 ],
-                args=[
-                    job_id, batch_id, owner, content_sha256, upload_id, now, csv, s.events_maxlen,
-                    s.rate_limit, window_ms,
-                ],
+                args=[job_id, batch_id, owner, content_sha256, upload_id, now, csv, s.events_maxlen],
             )
         kind = _s(reply[0])
-        if kind == "rate_limited":
-            return EnqueueOutcome("rate_limited", retry_after_ms=int(reply[1]))
         if kind == "created":
             return EnqueueOutcome("created", JobState.WAITING)
         if kind == "exists":
             return EnqueueOutcome("exists", _s(reply[1]))
         return EnqueueOutcome("conflict")
+
+    def take_rate_token(self, owner: str) -> int:
+        """One POST of ``owner``'s fixed-window rate limit (IMPORTER_RATE_LIMIT per
+        IMPORTER_RATE_WINDOW, kept in Redis so it holds across every HTTP process).
+
+        Returns 0 when the POST may go on, else the milliseconds until the
+        window ends. One round trip (INCR and PEXPIRE pipelined), taken before
+        the body is read."""
+        s = self.settings
+        if s.rate_limit <= 0:
+            return 0
+        window_ms = max(1, int(s.rate_window_s * 1000))
+        now = self._now()
+        key = self.keys.rate(owner, now // window_ms)
+        with _translate():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.incr(key)
+            pipe.pexpire(key, window_ms * 2)  # outlives its window, whenever in it it is set
+            used, _ = pipe.execute()
+        return 0 if int(used) <= s.rate_limit else window_ms - now % window_ms
 
     def mark_sent(self, job_id: str) -> None:
         """The message of this job is in the broker: it now has until sentAt +

@@ -128,6 +128,9 @@ class Settings:
     #: POSTs allowed per owner per rate window (0 = no limit), across all HTTP processes.
     rate_limit: int = 50
     rate_window_s: float = 1.0
+    #: Large uploads (over 1 MiB) one HTTP process reads and handles at once;
+    #: one more gets 503 service.busy with Retry-After (0 = no bound).
+    max_concurrent_uploads: int = 1
     #: Refuse to start unless Redis has maxmemory-policy noeviction (override: loud warning).
     allow_eviction: bool = False
     #: Bearer token that GET /metrics requires; unset = nobody can read /metrics (401).
@@ -180,6 +183,7 @@ class Settings:
             api_keys=_api_keys(env),
             rate_limit=_int(env, "IMPORTER_RATE_LIMIT", cls.rate_limit),
             rate_window_s=_float(env, "IMPORTER_RATE_WINDOW", cls.rate_window_s),
+            max_concurrent_uploads=_int(env, "IMPORTER_MAX_CONCURRENT_UPLOADS", cls.max_concurrent_uploads),
             allow_eviction=_flag(env, "IMPORTER_ALLOW_EVICTION"),
             metrics_token=env.get("IMPORTER_METRICS_TOKEN", ""),
             worker_metrics_port=_int(env, "IMPORTER_WORKER_METRICS_PORT", 0),

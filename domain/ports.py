@@ -19,10 +19,9 @@ from importer.domain.shipment import Shipment
 class EnqueueOutcome:
     """What recording a job did."""
 
-    kind: Literal["created", "exists", "conflict", "rate_limited"]
+    kind: Literal["created", "exists", "conflict"]
     #: The job's state when it exists ('waiting' for a new one).
     state: str = ""
-    retry_after_ms: int = 0
 
 
 @dataclass(frozen=True)

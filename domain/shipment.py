@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterator
+from itertools import chain
 from dataclasses import dataclass
 
 from importer.domain.errors import CsvInvalid, CsvIssue
@@ -125,6 +127,24 @@ def _printable(value: str, limit: int = 40) -> str:
     return repr(shown)
 
 
+def _lines(text: str, block: int = 1 << 16) -> Iterator[str]:
+    """``text.split("\n")``, a block of about 64 Ki characters at a time:
+    as fast as one split, but a file of ten million blank lines never becomes
+    a list of ten million strings."""
+    return chain.from_iterable(_split_blocks(text, block))
+
+
+def _split_blocks(text: str, block: int) -> Iterator[list[str]]:
+    start = 0
+    while True:
+        end = text.find("\n", start + block) if start + block < len(text) else -1
+        if end < 0:
+            yield (text[start:] if start else text).split("\n")
+            return
+        yield text[start:end].split("\n")
+        start = end + 1
+
+
 def parse_shipment(data: bytes, *, max_rows: int = DEFAULT_MAX_ROWS) -> Shipment | CsvInvalid:
     """Validate CSV bytes. Returns the shipment, or CsvInvalid with every located issue."""
     try:
@@ -136,7 +156,7 @@ def parse_shipment(data: bytes, *, max_rows: int = DEFAULT_MAX_ROWS) -> Shipment
         return CsvInvalid((CsvIssue(line, None, "csv.not_utf8", f"byte {start} is not valid UTF-8"),))
 
     issues = _Issues()
-    lines = text.split("\n")
+    lines = _lines(text)
     header_seen = False
     rows: list[Row] = []
     seen: dict[str, int] = {}
@@ -147,7 +167,10 @@ def parse_shipment(data: bytes, *, max_rows: int = DEFAULT_MAX_ROWS) -> Shipment
         line = raw[:-1] if raw.endswith("\r") else raw
         if not line.strip():
             continue
-        fields = line.split(",")
+        # Split only a line of two fields: a line of a million commas is one
+        # bad row, not a list of a million strings.
+        commas = line.count(",")
+        fields = line.split(",") if commas == 1 else []
         if not header_seen:
             header_seen = True
             names = [_unquote(f).lower() for f in fields]
@@ -165,8 +188,8 @@ def parse_shipment(data: bytes, *, max_rows: int = DEFAULT_MAX_ROWS) -> Shipment
             # Keep counting rows for the row limit, but stop building values.
             issues.truncated = True
             continue
-        if len(fields) != 2:
-            issues.add(line_no, None, "csv.bad_row", f"{len(fields)} columns, expected 2")
+        if commas != 1:
+            issues.add(line_no, None, "csv.bad_row", f"{commas + 1} columns, expected 2")
             continue
         sku = _unquote(fields[0])
         qty_text = _unquote(fields[1])

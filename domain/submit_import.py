@@ -1,15 +1,16 @@
 """Use case "take an upload": content identity, record the job once, send its message.
 
 Called by every producer: the HTTP and serverless handlers, the CLI's tools
-and the bench. It raises :class:`RateLimited` or :class:`BatchConflict`; the
-transport maps their codes to answers.
+and the bench. It raises :class:`BatchConflict`; the transport maps its code
+to an answer. (The HTTP edge takes the per-owner rate limit before it reads
+the body, so before this runs.)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from importer.domain.errors import BatchConflict, RateLimited
+from importer.domain.errors import BatchConflict
 from importer.domain.ports import JobRecorder, MessageSender
 from importer.domain.shipment import content_key, job_id_for
 
@@ -39,8 +40,6 @@ def submit_import(
         job_id=job_id, batch_id=batch_id, owner=owner,
         content_sha256=content_key(csv, max_rows), upload_id=upload_id, csv=csv,
     )
-    if outcome.kind == "rate_limited":
-        raise RateLimited(max(1, -(-outcome.retry_after_ms // 1000)))
     if outcome.kind == "conflict":
         raise BatchConflict()
     if outcome.kind == "created":

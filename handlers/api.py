@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from marshmallow import ValidationError
 
+from importer.domain.errors import RateLimited
 from importer.domain.jobs import JobRecord, ShipmentRecord
 from importer.domain.ports import JobRecorder, MessageSender
 from importer.domain.shipment import BATCH_ID_PATTERN, is_valid_batch_id
@@ -46,6 +47,7 @@ class JobStore(JobRecorder, Protocol):
     # alike, having read nothing of the latter but its owner.
     def get_owned_job(self, job_id: str, owner: str) -> JobRecord | None: ...
     def get_owned_shipment(self, batch_id: str, owner: str) -> ShipmentRecord | None: ...
+    def take_rate_token(self, owner: str) -> int: ...
     def ping(self) -> bool: ...
     def list_jobs(
         self, owner: str, *, limit: int, state: str | None = None, after: tuple[int, str] | None = None,
@@ -90,6 +92,10 @@ class Api:
     on_store_error: Callable[[], None] = lambda: None
     #: Live event streams: settings and this process's open-stream limit.
     event_streams: EventStreams = field(default_factory=EventStreams)
+    #: Large uploads (over 1 MiB) one process reads at once; more get 503 service.busy (0 = no bound).
+    max_concurrent_uploads: int = 1
+    #: Called after a large upload was handled, its buffers freed (returns free heap memory to the OS).
+    release_memory: Callable[[], None] = lambda: None
 
 
 def _time(ms: int | None) -> datetime | None:
@@ -121,7 +127,7 @@ def _read_enqueue_body(req: Request) -> tuple[str, bytes]:
     if content_type == "application/json":
         try:
             data = json.loads(req.body)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # RecursionError: '[' nested thousands deep
             raise ApiError("request.bad_json", instance=req.path) from None
         try:
             loaded = _ENQUEUE_REQUEST.load(data if isinstance(data, dict) else {"_": data})
@@ -147,6 +153,13 @@ def _field_errors(err: ValidationError) -> dict[str, list[str]]:
             value = ["The body must be a JSON object."]
         out[str(key)] = [str(v) for v in (value if isinstance(value, list) else [value])]
     return out
+
+
+def take_rate_token(api: Api, req: Request) -> None:
+    """Before the body of POST /api/imports is read: one POST of the owner's rate limit."""
+    wait_ms = api.store.take_rate_token(req.owner or "")
+    if wait_ms:
+        raise RateLimited(max(1, -(-wait_ms // 1000)))
 
 
 def enqueue(api: Api, req: Request) -> Response:

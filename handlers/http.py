@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
+import uuid
 from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -11,6 +14,22 @@ from importer.domain.errors import explain
 from importer.handlers.problems import ApiError, status_of
 
 PROBLEM_TYPE_BASE = "https://importer.example/problems/"
+
+#: The id of the request being handled in this thread/context (None outside a
+#: request). The JSON log formatter adds it to every line as ``requestId``.
+request_id_var: ContextVar[str | None] = ContextVar("importer_request_id", default=None)
+
+#: An incoming X-Request-Id is kept when it looks like an id (a proxy's or
+#: the client's); anything else is replaced by a fresh one.
+_SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+
+
+def request_id_from(headers: Mapping[str, str]) -> str:
+    """The request id: a sane incoming X-Request-Id, else a new random one."""
+    incoming = headers.get("x-request-id", "")
+    if _SANE_REQUEST_ID.fullmatch(incoming):
+        return incoming
+    return uuid.uuid4().hex
 
 
 @dataclass(frozen=True)
@@ -71,3 +90,10 @@ def problem(
 
 def problem_of(error: ApiError) -> Response:
     return problem(error.code, instance=error.instance, headers=error.headers, **(error.extra or {}))
+
+
+def internal_error() -> Response:
+    """500 naming the request id (which is on every log line of the request)."""
+    request_id = request_id_var.get()
+    extra = {"requestId": request_id} if request_id else {}
+    return problem("internal", **extra)

@@ -16,6 +16,7 @@ from importer.domain.errors import DomainError
 #: code -> HTTP status. A code missing here is a 500 (and a bug).
 HTTP_STATUS: dict[str, int] = {
     "request.bad_json": 400,
+    "request.incomplete": 400,
     "auth.required": 401,
     "request.not_found": 404,
     "job.not_found": 404,

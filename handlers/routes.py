@@ -1,6 +1,7 @@
 """The route table: one place that maps (method, path) to a handler, its
 authentication, its OpenAPI operation and the error codes it can answer;
-and :func:`dispatch`, the one place that turns raised errors into problem
+and :func:`resolve` / :func:`call` (the edge runs them before and after
+reading the body), the one place that turns raised errors into problem
 responses (statuses from handlers/problems.py)."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from importer.domain.shipment import BATCH_ID_PATTERN
 from importer.handlers import api as h
 from importer.handlers import console, my_imports
 from importer.handlers.auth import KeyRing, bearer_token
-from importer.handlers.http import Request, Response, problem, problem_of
+from importer.handlers.http import Request, Response, internal_error, problem, problem_of
 from importer.handlers.problems import ApiError, api_error_for
 
 log = logging.getLogger("importer.http")
@@ -32,6 +33,9 @@ class Route:
     errors: tuple[str, ...] = ()
     #: Per-code notes for the OpenAPI descriptions, where the code's title is not enough.
     error_notes: dict[str, str] = field(default_factory=dict)
+    #: Cheap checks run after authentication and before the body is read
+    #: (e.g. the rate limit); each raises to refuse the request.
+    before_body: tuple[Callable[[h.Api, Request], None], ...] = ()
     pattern: re.Pattern[str] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -68,14 +72,14 @@ ROUTES: tuple[Route, ...] = (
             },
         },
     }, errors=(
-        "request.bad_json", *_API_ERRORS, "batch.conflict", "request.too_large",
-        "request.unsupported_media_type", "request.invalid", "request.rate_limited",
+        "request.bad_json", "request.incomplete", *_API_ERRORS, "batch.conflict", "request.too_large",
+        "request.unsupported_media_type", "request.invalid", "request.rate_limited", "service.busy",
     ), error_notes={
         "batch.conflict": (
             "The batchId is already bound to other content or another producer; the answer is the same "
             "in both cases and reveals nothing about the other shipment"
         ),
-    }),
+    }, before_body=(h.take_rate_token,)),
     Route("GET", "/api/imports", my_imports.list_imports, {
         "operationId": "listImports",
         "summary": "List your own imports, newest first",
@@ -197,10 +201,38 @@ ROUTES: tuple[Route, ...] = (
 )
 
 
-def dispatch(api: h.Api, keys: KeyRing, req: Request) -> Response:
-    """Route, authenticate, call the handler; map every error to a problem response."""
+def resolve(keys: KeyRing, req: Request) -> tuple[Route, Request] | Response:
+    """The route of a request and its authenticated owner, or the 404/405/401 answer.
+
+    Needs no body: the transports call it before reading one (handlers/edge.py),
+    so a request refused here costs no body read. HEAD is answered by the GET
+    route (the edge drops the body)."""
     try:
-        return _route(api, keys, req)
+        return _route(keys, req)
+    except ApiError as err:
+        return problem_of(err)
+
+
+def before_body(api: h.Api, route: Route, req: Request) -> Response | None:
+    """Run the route's checks that come before its body is read: None, or the refusal."""
+    for check in route.before_body:
+        refused = _mapped(api, req, lambda: check(api, req))
+        if refused is not None:
+            return refused
+    return None
+
+
+def call(api: h.Api, route: Route, req: Request) -> Response:
+    """Call the route's handler; map every error to a problem response."""
+    response = _mapped(api, req, lambda: route.handler(api, req))
+    assert response is not None
+    return response
+
+
+def _mapped(api: h.Api, req: Request, step: Callable[[], Response | None]) -> Response | None:
+    """Run one step; every error it raises becomes its problem response."""
+    try:
+        return step()
     except ApiError as err:
         return problem_of(err)
     except DomainError as exc:
@@ -211,11 +243,12 @@ def dispatch(api: h.Api, keys: KeyRing, req: Request) -> Response:
         return problem("service.unavailable", headers=(("Retry-After", "5"),))
     except Exception:
         log.exception("unhandled error", extra={"event": "http.internal_error", "path": req.path})
-        return problem("internal")
+        return internal_error()
 
 
-def _route(api: h.Api, keys: KeyRing, req: Request) -> Response:
-    page = console.serve(req)
+def _route(keys: KeyRing, req: Request) -> tuple[Route, Request] | Response:
+    # The console's static files (HEAD answered from GET: the edge drops the body).
+    page = console.serve(replace(req, method="GET") if req.method == "HEAD" else req)
     if page is not None:
         return page
     allowed: list[str] = []
@@ -223,8 +256,10 @@ def _route(api: h.Api, keys: KeyRing, req: Request) -> Response:
         match = route.pattern.fullmatch(req.path)
         if match is None:
             continue
-        if route.method != req.method:
+        if route.method != req.method and not (req.method == "HEAD" and route.method == "GET"):
             allowed.append(route.method)
+            if route.method == "GET":
+                allowed.append("HEAD")
             continue
         if route.authenticated:
             token = bearer_token(req.headers.get("authorization"))
@@ -232,7 +267,18 @@ def _route(api: h.Api, keys: KeyRing, req: Request) -> Response:
             if owner is None:
                 raise ApiError("auth.required", (("WWW-Authenticate", 'Bearer realm="importer"'),))
             req = replace(req, owner=owner)
-        return route.handler(api, replace(req, path_params=match.groupdict()))
+        params = match.groupdict()
+        if not all(_is_text(value) for value in params.values()):
+            raise ApiError("request.not_found")  # e.g. a lone surrogate from a hand-made Lambda event
+        return route, replace(req, path_params=params)
     if allowed:
         raise ApiError("request.method_not_allowed", (("Allow", ", ".join(sorted(set(allowed)))),))
     raise ApiError("request.not_found")
+
+
+def _is_text(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from marshmallow import RAISE, Schema, ValidationError, fields, validate
 
 from importer.domain.jobs import JobState
@@ -16,6 +18,16 @@ def _batch_id(value: str) -> None:
         raise ValidationError(BATCH_ID_RULE)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _unicode_text(value: str) -> None:
+    # JSON lets "\ud800" through as a lone surrogate, which is not text (and
+    # cannot be encoded as UTF-8). Searched, not encoded: no copy of the CSV.
+    if _SURROGATE.search(value):
+        raise ValidationError("Must be Unicode text (a lone surrogate escape such as \\ud800 is not).")
+
+
 class EnqueueRequestSchema(Schema):
     class Meta:
         unknown = RAISE
@@ -25,7 +37,7 @@ class EnqueueRequestSchema(Schema):
         "description": "Names one shipment forever. Same batchId with other content is a conflict.",
         "example": "shipment-a-2026",
     })
-    csv = fields.String(required=True, metadata={
+    csv = fields.String(required=True, validate=_unicode_text, metadata={
         "description": "The CSV text: header 'sku,quantity', then one row per SKU.",
         "example": "sku,quantity\nWIDGET-RED-01,10\n",
     })

@@ -3,7 +3,7 @@ payload format 2.0) or a Lambda Function URL (same event shape).
 
 Like the WSGI transport (handlers/wsgi.py) it only turns its own request shape
 into the plain :class:`importer.handlers.http.Request`, calls
-:func:`importer.handlers.routes.dispatch` and turns the :class:`importer.handlers.http.Response`
+:func:`importer.handlers.edge.handle` and turns the :class:`importer.handlers.http.Response`
 back into the event response shape. Same routes, same authentication, same
 problem documents, same body limit. No AWS SDK is needed or imported.
 
@@ -16,13 +16,14 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 from importer.handlers.api import Api
 from importer.handlers.auth import KeyRing
-from importer.handlers.http import Request, Response, problem
-from importer.handlers.routes import dispatch
+from importer.handlers.edge import MemoryBody, UploadSlots, finish, handle
+from importer.handlers.http import Request, Response, problem, request_id_from
 from importer.handlers.wsgi import body_limit
 
 Event = dict[str, Any]
@@ -166,17 +167,34 @@ def to_event_response(response: Response) -> EventResponse:
     }
 
 
+def _declared_length(request: Request) -> int | None:
+    """The Content-Length the client declared, when the event carries one."""
+    text = request.headers.get("content-length", "").strip()
+    return int(text) if text.isdigit() else None
+
+
 def make_handler(api: Api, keys: KeyRing) -> LambdaHandler:
     """A Lambda handler ``(event, context) -> response`` around the handlers; all dependencies injected."""
     limit = body_limit(api)
+    slots = UploadSlots(api.max_concurrent_uploads)
 
-    def handle(event: Event, context: object) -> EventResponse:
+    def handle_event(event: Event, context: object) -> EventResponse:
         request = to_request(event, limit=limit)
-        response = request if isinstance(request, Response) else dispatch(api, keys, request)
+        if isinstance(request, Response):
+            response = finish(_method(event), request, request_id_from(_headers(event.get("headers"))))
+        else:
+            head = replace(request, body=b"")
+            body = MemoryBody(request.body, _declared_length(request))
+            response = handle(api, keys, head, body, limit=limit, slots=slots)
         if response.stream is not None:
             # A Lambda response is sent whole: a live stream cannot be held open here.
             response.stream.close()
-            response = problem("request.stream_unsupported")
+            request_id = next((v for k, v in response.headers if k == "X-Request-Id"), "") or request_id_from({})
+            response = finish(_method(event), problem("request.stream_unsupported"), request_id)
         return to_event_response(response)
 
-    return handle
+    return handle_event
+
+
+def _method(event: Event) -> str:
+    return str(event["requestContext"]["http"]["method"]).upper()

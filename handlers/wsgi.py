@@ -1,23 +1,27 @@
 """The WSGI transport: turns a WSGI environ into a Request, a Response into WSGI.
 
 Works under any WSGI server (gunicorn by default, see ``importer serve``).
-It reads at most the upload limit from the body: a larger Content-Length is
-refused with 413 before a byte of the body is read.
+The body is read only after the route and the API key passed (handlers/edge.py),
+at most up to the limit (a larger Content-Length is refused with 413 before a
+byte of the body is read), and only whole: a short or cut body is refused.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qsl
 
 from importer.handlers.api import Api
 from importer.handlers.auth import KeyRing
-from importer.handlers.http import Request, Response, problem
-from importer.handlers.routes import dispatch
+from importer.handlers.edge import LARGE_UPLOAD_BYTES, BodyIncomplete, BodyTooLarge, UploadSlots, finish, handle
+from importer.handlers.http import Request, Response, internal_error, request_id_from
 
 StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+
+log = logging.getLogger("importer.http")
 
 _REASONS = {
     200: "OK", 202: "Accepted", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
@@ -25,7 +29,9 @@ _REASONS = {
     422: "Unprocessable Content", 429: "Too Many Requests", 500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
 }
 
-_CHUNK = 64 * 1024
+#: Bytes asked of wsgi.input per read: few calls (each may wait for the GIL
+#: behind CPU-bound threads), and no more than gunicorn reads per recv().
+_CHUNK = 1024 * 1024
 
 
 def body_limit(api: Api) -> int:
@@ -34,31 +40,80 @@ def body_limit(api: Api) -> int:
     return api.max_upload_bytes * 2 + 4096
 
 
-def _read_body(environ: dict[str, Any], limit: int) -> bytes | None:
-    """The request body, or None when it is larger than limit (stops reading at limit+1)."""
-    stream = environ.get("wsgi.input")
-    length_text = environ.get("CONTENT_LENGTH") or ""
-    if length_text.strip():
+class WsgiBody:
+    """The body of a WSGI request, read only when the edge asks for it.
+
+    Counts what arrives instead of trusting the server: fewer bytes than
+    CONTENT_LENGTH (the client closed or half-closed early: gunicorn then
+    returns a short read, granian an empty one), an error from wsgi.input
+    (gunicorn raises NoMoreData / ChunkMissingTerminator on a cut chunked
+    body) or an empty chunked body (granian's answer to a cut one) is
+    BodyIncomplete. waitress never calls the app with an incomplete body.
+    """
+
+    def __init__(self, environ: dict[str, Any]) -> None:
+        self.stream = environ.get("wsgi.input")
+        length_text = (environ.get("CONTENT_LENGTH") or "").strip()
+        self.declared: int | None = int(length_text) if length_text.isdigit() else None
+        self.chunked = "chunked" in str(environ.get("HTTP_TRANSFER_ENCODING", "")).lower()
+
+    def _chunk(self, size: int) -> bytes:
         try:
-            length = int(length_text)
-        except ValueError:
-            length = -1
+            return self.stream.read(size)  # type: ignore[union-attr,no-any-return]
+        except Exception as err:  # the server's own error on a broken body (gunicorn: NoMoreData, ...)
+            raise BodyIncomplete(type(err).__name__) from None
+
+    def read(self, limit: int, on_large: Callable[[], None]) -> bytes:
+        if self.stream is None:
+            if self.declared:
+                raise BodyIncomplete("no wsgi.input")
+            return b""
+        if self.declared is not None:
+            return self._read_declared(self.declared, limit, on_large)
+        return self._read_to_end(limit, on_large)
+
+    def _read_declared(self, length: int, limit: int, on_large: Callable[[], None]) -> bytes:
         if length > limit:
-            return None
-        if length >= 0:
-            return stream.read(length) if stream is not None and length else b""
-    if stream is None:
-        return b""
-    parts: list[bytes] = []
-    size = 0
-    while True:
-        chunk = stream.read(_CHUNK)
-        if not chunk:
-            return b"".join(parts)
-        size += len(chunk)
-        if size > limit:
-            return None
-        parts.append(chunk)
+            raise BodyTooLarge()
+        if length == 0:
+            return b""
+        if length > LARGE_UPLOAD_BYTES:
+            on_large()
+        # One buffer of the declared size, filled in place: the read costs the
+        # body once (plus the final copy to bytes), whatever its shape.
+        buffer = bytearray(length)
+        view = memoryview(buffer)
+        filled = 0
+        try:
+            while filled < length:
+                chunk = self._chunk(min(_CHUNK, length - filled))
+                if not chunk:
+                    raise BodyIncomplete(f"{filled} of {length} declared bytes")
+                chunk = chunk[: length - filled]
+                view[filled:filled + len(chunk)] = chunk
+                filled += len(chunk)
+        finally:
+            view.release()
+        return bytes(buffer)
+
+    def _read_to_end(self, limit: int, on_large: Callable[[], None]) -> bytes:
+        """No Content-Length (chunked): read until the server says the body ended."""
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            chunk = self._chunk(_CHUNK)
+            if not chunk:
+                if self.chunked and not parts:
+                    # granian hands over a cut chunked body as an empty one;
+                    # an empty chunked upload is no upload either.
+                    raise BodyIncomplete("empty chunked body")
+                return b"".join(parts)
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge()
+            if size > LARGE_UPLOAD_BYTES:
+                on_large()
+            parts.append(chunk)
 
 
 def request_from_environ(environ: dict[str, Any], body: bytes) -> Request:
@@ -79,13 +134,16 @@ def request_from_environ(environ: dict[str, Any], body: bytes) -> Request:
 def create_app(api: Api, keys: KeyRing) -> WsgiApp:
     """The WSGI application around the handlers; all dependencies injected."""
     limit = body_limit(api)
+    slots = UploadSlots(api.max_concurrent_uploads)
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        body = _read_body(environ, limit)
-        if body is None:
-            response = problem("request.too_large")
-        else:
-            response = dispatch(api, keys, request_from_environ(environ, body))
+        try:
+            head = request_from_environ(environ, b"")
+        except Exception:  # a server handing over an environ we cannot read
+            log.exception("unreadable environ", extra={"event": "http.internal_error"})
+            head = Request(method="GET", path="/", headers={})
+            return _respond(finish(head.method, internal_error(), request_id_from({})), start_response)
+        response = handle(api, keys, head, WsgiBody(environ), limit=limit, slots=slots)
         return _respond(response, start_response)
 
     return app
@@ -98,6 +156,8 @@ def _respond(response: Response, start_response: StartResponse) -> Iterable[byte
         # stream's close() when it ends, which frees its slot.
         start_response(status, list(response.headers))
         return response.stream
-    headers = list(response.headers) + [("Content-Length", str(len(response.body)))]
+    headers = list(response.headers)
+    if not any(name.lower() == "content-length" for name, _ in headers):
+        headers.append(("Content-Length", str(len(response.body))))
     start_response(status, headers)
-    return [response.body]
+    return [response.body] if response.body else []

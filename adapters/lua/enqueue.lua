@@ -2,14 +2,14 @@
 --
 -- KEYS[1] P:job:<jobId>       KEYS[2] P:upload:<uploadId>   KEYS[3] P:done:<batchId>
 -- KEYS[4] P:jobs:unsent       KEYS[5] P:jobs:waiting        KEYS[6] P:events
--- KEYS[7] P:rate:<owner>:<window index>
--- KEYS[8] P:jobs:owner:<owner>   [console] the owner's index of job records
+-- KEYS[7] P:jobs:owner:<owner>   [console] the owner's index of job records
 -- ARGV[1] jobId  ARGV[2] batchId  ARGV[3] owner  ARGV[4] contentSha256
 -- ARGV[5] uploadId  ARGV[6] nowMs  ARGV[7] csv bytes  ARGV[8] events maxlen
--- ARGV[9] rate limit (POSTs per window, 0 = off)  ARGV[10] window length ms
+--
+-- (The per-owner rate limit is not here: it is taken before the body is read,
+-- RedisStore.take_rate_token.)
 --
 -- Returns {'created'} | {'exists', state} | {'conflict', reason}
---       | {'rate_limited', ms until the window ends}
 --   'exists': the job record is still there with the same owner and content
 --   (like BullMQ's jobId: enqueueing again is a no-op).
 --   'conflict': the batchId is bound to another owner or other content, in
@@ -17,17 +17,6 @@
 
 local job_key, upload_key, done_key = KEYS[1], KEYS[2], KEYS[3]
 local job_id, batch_id, owner, sha = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-
--- Fixed-window rate limit per owner, before anything is stored. Kept in
--- Redis so that it holds across every HTTP process.
-local limit, window = tonumber(ARGV[9]), tonumber(ARGV[10])
-if limit > 0 then
-  local used = redis.call('INCR', KEYS[7])
-  if used == 1 then redis.call('PEXPIRE', KEYS[7], window * 2) end
-  if used > limit then
-    return {'rate_limited', window - (tonumber(ARGV[6]) % window)}
-  end
-end
 
 local existing = redis.call('HMGET', job_key, 'state', 'owner', 'contentSha256')
 if existing[1] then
@@ -49,6 +38,6 @@ redis.call('HSET', job_key,
 redis.call('SET', upload_key, ARGV[7])
 redis.call('ZADD', KEYS[4], ARGV[6], job_id)
 redis.call('ZADD', KEYS[5], ARGV[6], job_id)
-redis.call('ZADD', KEYS[8], ARGV[6], job_id)  -- [console] GET /api/imports
+redis.call('ZADD', KEYS[7], ARGV[6], job_id)  -- [console] GET /api/imports
 emit(KEYS[6], ARGV[8], 'waiting', job_id, batch_id, 0, '{}')
 return {'created'}

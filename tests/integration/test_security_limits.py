@@ -128,13 +128,23 @@ def test_a_1_gib_streamed_upload_is_refused_with_bounded_memory(make_system: obj
             + f"Authorization: Bearer {system.api_key}\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
         )
         response = b""
+        piece = 64 * 1024  # sent in small pieces, watching for the early answer between them
         try:
             while sent < 1024 * 1024 * 1024:
-                sock.sendall(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
-                sent += len(chunk)
-                if select.select([sock], [], [], 0)[0]:
+                framed = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"
+                for start in range(0, len(framed), piece):
+                    if select.select([sock], [], [], 0)[0]:
+                        break
+                    sock.sendall(framed[start:start + piece])
+                else:
+                    sent += len(chunk)
+                    continue
+                break
+            while b"request.too_large" not in response:
+                data = sock.recv(65536)
+                if not data:
                     break
-            response = sock.recv(65536)
+                response += data
         except (BrokenPipeError, ConnectionResetError):
             response = response or b""
     assert response.startswith(b"HTTP/1.1 413"), response[:200]

@@ -31,6 +31,9 @@ class FakeStore:
     failure: BaseException | None = None
     #: jobId -> its events, as RedisStore.job_events returns them (ids "ms-seq", ascending).
     events: dict[str, list[dict[str, object]]] = field(default_factory=dict)
+    #: What take_rate_token answers (0 = allowed), and the owners it was asked for.
+    rate_wait_ms: int = 0
+    rate_tokens: list[str] = field(default_factory=list)
 
     def _call(self, name: str) -> None:
         self.calls.append(name)
@@ -53,6 +56,12 @@ class FakeStore:
         if existing.owner == owner and existing.content_sha256 == content_sha256:
             return EnqueueOutcome("exists", existing.state)
         return EnqueueOutcome("conflict")
+
+    def take_rate_token(self, owner: str) -> int:
+        if self.failure is not None:
+            raise self.failure
+        self.rate_tokens.append(owner)
+        return self.rate_wait_ms
 
     def mark_sent(self, job_id: str) -> None:
         self._call("mark_sent")

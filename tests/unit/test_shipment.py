@@ -390,3 +390,21 @@ def test_not_utf8_fixture_has_the_exact_bytes_on_line_3() -> None:
     lines = (FIXTURES / "invalid-not-utf8.csv").read_bytes().split(b"\n")
     assert b"\xff\xfe" in lines[2]
     assert b"\xff" not in lines[0] + lines[1]
+
+
+@pytest.mark.parametrize("filler", [b",", b"\n", b"\r\n", b"A"])
+def test_a_hostile_shape_costs_the_parse_a_small_multiple_of_the_file(filler: bytes) -> None:
+    """A file of commas is one bad row (no list of a million fields), a file of
+    blank lines is read a block at a time (no list of ten million lines)."""
+    import tracemalloc
+
+    size = 4 * 1024 * 1024
+    data = b"sku,quantity\n" + filler * ((size - 13) // len(filler))
+    tracemalloc.start()
+    try:
+        parsed = parse_shipment(data)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert isinstance(parsed, CsvInvalid)
+    assert peak <= 2.5 * size, peak  # the decoded text and one line of it

@@ -214,6 +214,14 @@ def test_recorded_not_found_is_the_job_404() -> None:
 # -- derived events: the other headers that matter -------------------------------------
 
 
+def _is_base64(event: dict[str, Any]) -> bool:
+    try:
+        event_body(event)
+    except ValueError:
+        return False
+    return True
+
+
 def _with(name: str, **changes: Any) -> dict[str, Any]:
     event = load_event(name)
     method = changes.pop("method", None)
@@ -223,6 +231,9 @@ def _with(name: str, **changes: Any) -> dict[str, Any]:
     if path is not None:
         event["rawPath"] = event["requestContext"]["http"]["path"] = path
     event.update(changes)
+    if "body" in changes and "content-length" in event.get("headers", {}) and _is_base64(event):
+        # As API Gateway would deliver it: the header counts the new body's bytes.
+        event["headers"]["content-length"] = str(len(event_body(event)))
     return event
 
 
@@ -230,7 +241,7 @@ def test_wrong_method_gets_the_same_405_and_allow() -> None:
     result, _, _ = compare(_with("health.json", method="DELETE"))
 
     assert_problem(result, 405, "request.method_not_allowed")
-    assert result.header("Allow") == "GET"
+    assert result.header("Allow") == "GET, HEAD"
 
 
 def test_store_down_gets_the_same_503_and_retry_after() -> None:
@@ -247,6 +258,7 @@ def test_conflicting_enqueue_gets_the_same_409() -> None:
     other = load_event("enqueue-csv-base64.json")
     other["rawQueryString"] = "batchId=fixture-2026-001"
     other["body"] = base64.b64encode(b"sku,quantity\nBOLT-M8-STEEL,121\n").decode()
+    other["headers"]["content-length"] = str(len(event_body(other)))
 
     result, _, _ = compare(other, (load_event("enqueue-json.json"),))
 

@@ -44,19 +44,6 @@ def test_submit_refuses_other_content_and_other_owners_alike() -> None:
     assert len(sender.sent) == 1
 
 
-def test_submit_rate_limited_rounds_the_wait_up_to_whole_seconds() -> None:
-    class Limited(FakeStore):
-        def enqueue(self, **kwargs: object) -> EnqueueOutcome:  # type: ignore[override]
-            return EnqueueOutcome("rate_limited", retry_after_ms=1200)
-
-    sender = FakeSender()
-    with pytest.raises(RateLimited) as refused:
-        submit(Limited(), sender)
-
-    assert refused.value.retry_after_s == 2 and refused.value.code == "request.rate_limited"
-    assert sender.sent == []
-
-
 def test_run_applies_once_and_skips_a_redelivery() -> None:
     store, log = FakeAttemptStore(CSV), EventRecorder()
     body = encode_message("shipment-b-1", "b-1", UPLOAD)

@@ -1,0 +1,189 @@
+"""The HTTP edge every transport shares: what happens between the bytes a
+server hands over and the handler.
+
+In this order, for each request:
+
+1. a request id (a sane incoming ``X-Request-Id`` or a new one), on every log
+   line of the request and in the ``X-Request-Id`` answer header;
+2. a declared body over the limit: ``413`` (nothing read);
+3. route and API key (``404``/``405``/``401``), before any body byte is read;
+4. only for a route that takes a body (POST): its cheap checks (the owner's
+   rate limit: ``429``), still before any body byte is read; a large upload takes one of the
+   process's upload slots or gets ``503 service.busy``; then the body is read,
+   whole or refused: ``413 request.too_large`` past the limit,
+   ``400 request.incomplete`` when the connection ended early (fewer bytes than
+   Content-Length, a chunked body cut before its last chunk): a partial body
+   never reaches a handler;
+5. the handler (routes.call);
+6. the common answer headers (``Cache-Control: no-store``,
+   ``X-Content-Type-Options: nosniff``); a HEAD answer carries no body.
+
+No 5xx escapes from anything a client sends: an unexpected error is a
+``500 internal`` naming the request id, logged with its traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Protocol
+
+from importer.handlers.api import Api
+from importer.handlers.auth import KeyRing
+from importer.handlers.http import Request, Response, internal_error, problem, request_id_from, request_id_var
+from importer.handlers.routes import Route, before_body, call, resolve
+
+log = logging.getLogger("importer.http")
+
+#: A body over this size is a "large upload" and needs an upload slot.
+LARGE_UPLOAD_BYTES = 1024 * 1024
+
+#: Headers on every answer: never cached (answers are per owner and change),
+#: never content-sniffed.
+COMMON_HEADERS: tuple[tuple[str, str], ...] = (
+    ("Cache-Control", "no-store"),
+    ("X-Content-Type-Options", "nosniff"),
+)
+
+
+class BodyTooLarge(Exception):
+    """The body is larger than the transport's limit."""
+
+
+class BodyIncomplete(Exception):
+    """The connection ended before the whole body arrived."""
+
+
+class UploadsBusy(Exception):
+    """Every upload slot of this process is taken."""
+
+
+class Body(Protocol):
+    #: The Content-Length the client declared (None: not declared, e.g. chunked).
+    declared: int | None
+
+    def read(self, limit: int, on_large: Callable[[], None]) -> bytes:
+        """The whole body. Raises BodyTooLarge past ``limit`` and BodyIncomplete
+        when it ended early; calls ``on_large`` (which may raise UploadsBusy)
+        once the body is known to exceed LARGE_UPLOAD_BYTES, before reading on."""
+        ...
+
+
+class MemoryBody:
+    """A body that is already in memory (the serverless transport)."""
+
+    def __init__(self, data: bytes, declared: int | None) -> None:
+        self.data = data
+        self.declared = declared
+
+    def read(self, limit: int, on_large: Callable[[], None]) -> bytes:
+        if len(self.data) > limit:
+            raise BodyTooLarge()
+        if self.declared is not None and self.declared != len(self.data):
+            raise BodyIncomplete(f"{len(self.data)} of {self.declared} declared bytes")
+        if len(self.data) > LARGE_UPLOAD_BYTES:
+            on_large()
+        return self.data
+
+
+class UploadSlots:
+    """How many large uploads one process reads and handles at once.
+
+    A large body costs memory and CPU for as long as it is read, hashed and
+    stored; beyond ``size`` at once an extra one is refused at once (``503
+    service.busy`` with Retry-After) so small requests keep being served.
+    ``size`` 0 = no bound."""
+
+    def __init__(self, size: int) -> None:
+        self._semaphore = threading.BoundedSemaphore(size) if size > 0 else None
+
+    def take(self) -> bool:
+        return self._semaphore is None or self._semaphore.acquire(blocking=False)
+
+    def give_back(self) -> None:
+        if self._semaphore is not None:
+            self._semaphore.release()
+
+
+def handle(api: Api, keys: KeyRing, head: Request, body: Body, *, limit: int, slots: UploadSlots) -> Response:
+    """Answer one request; ``head`` is the request without its body (not read yet)."""
+    request_id = request_id_from(head.headers)
+    token = request_id_var.set(request_id)
+    try:
+        try:
+            response = _handle(api, keys, head, body, limit, slots)
+        except Exception:
+            log.exception("unhandled error", extra={"event": "http.internal_error"})
+            response = internal_error()
+        return finish(head.method, response, request_id)
+    finally:
+        request_id_var.reset(token)
+
+
+def _handle(api: Api, keys: KeyRing, head: Request, body: Body, limit: int, slots: UploadSlots) -> Response:
+    if body.declared is not None and body.declared > limit:
+        return problem("request.too_large")
+    resolved = resolve(keys, head)
+    if isinstance(resolved, Response):
+        return resolved
+    route, req = resolved
+    if route.method != "POST":
+        return call(api, route, req)  # no route but POST takes a body: none is read
+    refused = before_body(api, route, req)  # the owner's rate limit
+    if refused is not None:
+        return refused
+    taken = False
+
+    def on_large() -> None:
+        nonlocal taken
+        if not taken:
+            if not slots.take():
+                raise UploadsBusy()
+            taken = True
+
+    try:
+        return _read_and_call(api, route, req, body, limit, on_large)
+    finally:
+        if taken:
+            slots.give_back()
+            api.release_memory()  # the upload's buffers are freed by now: give them back to the OS
+
+
+def _read_and_call(api: Api, route: Route, req: Request, body: Body, limit: int, on_large: Callable[[], None]) -> Response:
+    try:
+        data = body.read(limit, on_large)
+    except BodyTooLarge:
+        return problem("request.too_large", instance=req.path)
+    except BodyIncomplete as err:
+        log.warning("incomplete body", extra={"event": "http.body_incomplete", "reason": str(err)})
+        return problem("request.incomplete", instance=req.path)
+    except UploadsBusy:
+        log.warning("upload slots busy", extra={"event": "http.uploads_busy"})
+        return problem("service.busy", instance=req.path, headers=(("Retry-After", "1"),))
+    return call(api, route, replace(req, body=data))
+
+
+def finish(method: str, response: Response, request_id: str) -> Response:
+    """The common headers (unless the answer sets its own, like the console's
+    Cache-Control); a HEAD answer keeps the GET answer's Content-Length but no body."""
+    present = {name.lower() for name, _ in response.headers}
+    common = tuple((name, value) for name, value in COMMON_HEADERS if name.lower() not in present)
+    headers = response.headers + common + (("X-Request-Id", request_id),)
+    if method == "HEAD":
+        if response.stream is not None:
+            response.stream.close()  # a stream's length is unknown: no Content-Length
+            return Response(response.status, b"", headers, stream=_NoBody())
+        return Response(response.status, b"", headers + (("Content-Length", str(len(response.body))),))
+    return replace(response, headers=headers)
+
+
+class _NoBody:
+    """The (empty) stream of a HEAD answer to a streaming route."""
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(())
+
+    def close(self) -> None:
+        pass
