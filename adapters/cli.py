@@ -18,15 +18,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     # -- processes (cli_processes) -------------------------------------------------
-    p = sub.add_parser("serve", help="run the HTTP API under gunicorn")
+    p = sub.add_parser("serve", help="run the HTTP API under granian (or gunicorn)")
     p.add_argument("--bind", default=None, help="HOST:PORT to listen on (default: IMPORTER_HTTP_BIND, else 127.0.0.1:8080)")
-    # Measured with bench/ (README, Performance): gthread 2 x 4. Sync workers
-    # were within noise of it on 2 cores, but keep no connection alive and
-    # notice a shutdown only every timeout/2 seconds.
-    p.add_argument("--workers", type=int, default=2, help="gunicorn worker processes")
-    p.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker (>1: gthread worker class)")
-    p.add_argument("--timeout", type=int, default=30, help="seconds before a stuck request's worker is restarted")
+    # Measured with bench/http_servers.py and bench/profile_http.py (README,
+    # Performance): granian, 2 processes x 4 threads on 2 cores.
+    p.add_argument("--server", choices=("granian", "gunicorn"), default=None, help="default: IMPORTER_HTTP_SERVER, else granian")
+    p.add_argument("--workers", type=int, default=2, help="worker processes")
+    p.add_argument("--threads", type=int, default=4, help="Python threads per worker process (gunicorn: >1 is gthread)")
+    p.add_argument("--timeout", type=int, default=30, help="gunicorn only: seconds before a stuck request's worker is restarted")
     p.add_argument("--graceful-timeout", type=int, default=30, help="seconds in-flight requests get on SIGTERM")
+    p.add_argument(
+        "--header-timeout", type=float, default=None,
+        help="granian only: seconds a client has to send its whole header block (default: IMPORTER_HTTP_HEADER_TIMEOUT, else 10)",
+    )
     p.add_argument("--allow-eviction", action="store_true", help="start even if Redis may evict keys (dangerous)")
     p.set_defaults(func=cli_processes.cmd_serve)
 

@@ -46,15 +46,18 @@ def _check_redis(args: argparse.Namespace, process: str) -> Settings:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from importer.adapters.http_server import serve
+    from importer.adapters.http_serve import serve_command
 
     settings = _check_redis(args, "http")
     # Each open event stream holds a thread: add one per allowed stream, so
     # streams never take the threads of ordinary requests (gthread starts
-    # threads only when needed).
+    # threads only when needed; granian's idle threads end after 30 s).
     threads = args.threads + settings.max_event_streams
-    serve(args.bind or settings.http_bind, args.workers, threads, args.timeout, args.graceful_timeout)
-    return 0
+    return serve_command(
+        server=args.server or settings.http_server, bind=args.bind or settings.http_bind, workers=args.workers,
+        threads=threads, timeout=args.timeout, graceful_timeout=args.graceful_timeout,
+        header_timeout=args.header_timeout or settings.http_header_timeout_s,
+    )
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

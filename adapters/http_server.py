@@ -1,10 +1,12 @@
-"""``importer serve``: the WSGI app under gunicorn.
+"""``importer serve --server gunicorn``: the WSGI app under gunicorn, and the
+app factory every WSGI server uses.
 
-gunicorn because it is the most used WSGI server for Python services on
-Unix: pre-fork workers (each builds its own Redis clients after the fork),
-graceful SIGTERM handling (stop accepting, finish in-flight requests within
-``graceful_timeout``), request timeouts, and a threaded worker class. Any
-other WSGI server works too: ``importer.adapters.http_server:wsgi_app`` is a factory.
+The default server is granian (adapters/http_serve.py). gunicorn stays
+available: pre-fork workers (each builds its own Redis clients after the
+fork), graceful SIGTERM handling, request timeouts, a threaded worker class;
+but a connection that trickles its headers holds one of its threads (behind
+a reverse proxy that buffers requests, that does not matter). Any other WSGI
+server works too: ``importer.adapters.http_server:wsgi_app`` is a factory.
 
 Shutdown, in each gunicorn worker, on the first SIGTERM or SIGINT:
 1. the app marks itself closing: ``/health`` answers 503 ``closing``;

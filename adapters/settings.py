@@ -145,6 +145,10 @@ class Settings:
     event_stream_heartbeat_s: float = 15.0
     #: Seconds after which the server ends an event stream (the client reconnects with Last-Event-ID).
     event_stream_max_duration_s: float = 300.0
+    #: The HTTP server of `importer serve`: granian (default) or gunicorn.
+    http_server: str = "granian"
+    #: granian: seconds a client has to send its whole header block.
+    http_header_timeout_s: float = 10.0
     #: Test-only fault injection, e.g. "after_apply:5" (sleep 5 s there) or
     #: "before_send:crash" (kill the process there). Never set in production.
     fault: str = ""
@@ -191,6 +195,8 @@ class Settings:
             max_event_streams=_int(env, "IMPORTER_MAX_EVENT_STREAMS", cls.max_event_streams),
             event_stream_heartbeat_s=_float(env, "IMPORTER_EVENT_STREAM_HEARTBEAT", cls.event_stream_heartbeat_s),
             event_stream_max_duration_s=_float(env, "IMPORTER_EVENT_STREAM_MAX_DURATION", cls.event_stream_max_duration_s),
+            http_server=env.get("IMPORTER_HTTP_SERVER") or cls.http_server,
+            http_header_timeout_s=_float(env, "IMPORTER_HTTP_HEADER_TIMEOUT", cls.http_header_timeout_s),
         )
         settings.check()
         return settings

@@ -173,8 +173,8 @@ class System:
         assert proc.popen.poll() is None, proc.log()
         return proc
 
-    def start_http(self, *, workers: int = 1, server: str = "gunicorn", **env: str) -> Proc:
-        """`importer serve` (gunicorn), or the same app under waitress."""
+    def start_http(self, *, workers: int = 1, server: str = "granian", **env: str) -> Proc:
+        """`importer serve` (granian, or `--server gunicorn`), or the same app under waitress."""
         port = free_port()
         if server == "waitress":
             proc = self._spawn(
@@ -182,7 +182,8 @@ class System:
                 {**self.env, **env}, module="waitress",
             )
         else:
-            proc = self._spawn("http", ["serve", "--bind", f"127.0.0.1:{port}", "--workers", str(workers)], {**self.env, **env})
+            argv = ["serve", "--server", server, "--bind", f"127.0.0.1:{port}", "--workers", str(workers)]
+            proc = self._spawn("http", argv, {**self.env, **env})
         self.base_url = f"http://127.0.0.1:{port}"
 
         def healthy() -> bool:

@@ -222,10 +222,11 @@ def test_sigterm_lets_the_worker_finish_an_import_in_flight(make_system: object,
         assert "worker.already_stopping" in log
 
 
+@pytest.mark.parametrize("server", ["granian", "gunicorn"])
 @pytest.mark.parametrize("signals", [1, 2])
-def test_sigterm_drains_the_http_server_without_losing_an_accepted_job(make_system: object, signals: int) -> None:
+def test_sigterm_drains_the_http_server_without_losing_an_accepted_job(make_system: object, signals: int, server: str) -> None:
     system = make_system(IMPORTER_HTTP_DRAIN_DELAY="1.5")  # type: ignore[operator]
-    http = system.start_http()
+    http = system.start_http(server=server)
     accepted: list[str] = []
     health: list[tuple[int, str]] = []
     stop = threading.Event()

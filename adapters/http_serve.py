@@ -1,0 +1,150 @@
+"""``importer serve``: the WSGI app under granian (default) or gunicorn.
+
+granian by measurement on a 2-core machine (README, Performance; the script is
+bench/http_servers.py): its HTTP/1 parser and connection handling are Rust
+on an async runtime, so a connection that trickles its header block holds no
+Python thread, and a bare WSGI app answers about twice as many requests as
+under gunicorn gthread with the same processes and threads. 64 clients sending
+their headers at 1 byte/s left ``/health`` p99 at a few ms under granian; under
+gunicorn gthread (2 workers x 4 threads) every ``/health`` timed out.
+
+What granian does and does not do for us, checked against granian 2.8.9:
+
+* Headers: read asynchronously; a header block not complete within
+  ``--header-timeout`` seconds (``http1_settings.header_read_timeout``) closes
+  the connection; a header block larger than the HTTP/1 buffer (408 KiB) is
+  refused by granian.
+* Body: streamed to the app on demand (``wsgi.input.read(n)`` waits for n
+  bytes or the end), never buffered before the app asks. The app refuses an
+  oversize ``Content-Length`` before reading and stops a chunked body at its
+  limit (handlers/wsgi.py), so the upload limit holds as under gunicorn.
+  granian has **no body read timeout**: a body that trickles holds one of the
+  process's ``--threads`` until it ends or the client goes away. Only requests
+  that passed authentication and the rate limit read their body.
+* No request timeout (gunicorn's ``--timeout`` restarts a stuck worker; with
+  granian a stuck request holds its thread). Redis calls have socket timeouts.
+
+Shutdown, in each worker process, on the first SIGTERM or SIGINT (sent by
+granian's main process, which forwards its own first signal, or directly):
+1. the app marks itself closing: ``/health`` answers 503 ``closing``;
+2. for ``IMPORTER_HTTP_DRAIN_DELAY`` seconds it keeps serving;
+3. granian stops accepting and finishes in-flight requests (the main process
+   waits drain delay + ``--graceful-timeout`` before it kills a worker);
+4. the broker and Redis clients are closed; ``http.closed`` is logged.
+Later signals are ignored; the main process exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from typing import Any
+
+from importer.adapters.logs import configure_logging, log_event
+from importer.adapters.settings import Settings
+from importer.adapters.signals import StopOnce
+
+log = logging.getLogger("importer.http")
+
+#: granian's own log lines, as JSON lines like ours (granian.log.configure_logging
+#: merges this into its dictConfig).
+GRANIAN_LOG_CONFIG: dict[str, Any] = {
+    "formatters": {"json": {"()": "importer.adapters.logs.JsonFormatter"}},
+    "handlers": {"console": {"formatter": "json", "class": "logging.StreamHandler", "stream": "ext://sys.stderr"}},
+    "loggers": {"_granian": {"handlers": ["console"], "level": "WARNING", "propagate": False}},
+}
+
+
+def _load_side() -> Any:
+    """Runs in each granian worker process: its own clients and app."""
+    from importer.adapters.bootstrap import build_http
+
+    configure_logging()
+    return build_http(Settings.from_env())
+
+
+def _wsgi_worker_target() -> Any:
+    """granian's WSGI worker body (granian.server.mp.MPServer._spawn_wsgi_worker)
+    with Importer's shutdown instead of granian's immediate one."""
+    from granian._futures import _new_cbscheduler
+    from granian._granian import WorkerSignal, WSGIWorker
+    from granian.constants import TaskImpl
+    from granian.server.common import WORKERS_METHODS
+    from granian.server.mp import WorkerProcess
+    from granian.wsgi import _callback_wrapper
+
+    @WorkerProcess.wrap_target
+    def worker(
+        worker_id: int, side: Any, sock: Any, ipc: Any, loop: Any, runtime_mode: Any, runtime_threads: int,
+        runtime_blocking_threads: int | None, blocking_threads: int, blocking_threads_idle_timeout: int,
+        backpressure: int, task_impl: Any, http_mode: Any, http1_settings: Any, http2_settings: Any,
+        websockets: bool, static_path: Any, log_access_fmt: str | None, ssl_ctx: Any, scope_opts: dict[str, Any],
+        metrics: Any,
+    ) -> None:
+        callback = _callback_wrapper(side.app, scope_opts, log_access_fmt)
+        shutdown = WorkerSignal()
+        served = threading.Event()
+        shutdown.add_cb(served.set)
+
+        def begin(signum: int) -> None:
+            side.api.lifecycle.begin_closing()
+            timer = threading.Timer(side.settings.http_drain_delay_s, shutdown.set)
+            timer.daemon = True
+            timer.start()
+
+        StopOnce(begin, name="http").install(signal.SIGTERM, signal.SIGINT)
+        server = WSGIWorker(
+            worker_id, sock, ipc, runtime_threads, runtime_blocking_threads, blocking_threads,
+            blocking_threads_idle_timeout, backpressure, http_mode, http1_settings, http2_settings, static_path,
+            *ssl_ctx, metrics,
+        )
+        serve = getattr(server, WORKERS_METHODS[runtime_mode][(sock[0] or sock[1]).is_uds()])
+        scheduler = _new_cbscheduler(loop, callback, impl_asyncio=task_impl == TaskImpl.asyncio)
+        serve(scheduler, loop, shutdown)
+        served.wait()
+        # In-flight requests have finished: granian released the signal only then.
+        side.close()
+        log_event(log, "http.closed")
+
+    return worker
+
+
+def serve_granian(
+    bind: str, workers: int, threads: int, graceful_timeout: int, header_timeout: float, backlog: int = 1024
+) -> int:
+    from granian.constants import HTTPModes, Interfaces
+    from granian.http import HTTP1Settings
+    from granian.server.mp import MPServer
+
+    host, _, port = bind.rpartition(":")
+    settings = Settings.from_env()
+    server = MPServer(
+        "importer.adapters.http_server:wsgi_app",  # the same factory any WSGI server uses
+        address=host.strip("[]") or "127.0.0.1",
+        port=int(port),
+        interface=Interfaces.WSGI,
+        workers=workers,
+        blocking_threads=threads,
+        http=HTTPModes.http1,
+        websockets=False,
+        backlog=backlog,
+        http1_settings=HTTP1Settings(header_read_timeout=max(1, int(header_timeout * 1000))),
+        log_level="warning",
+        log_dictconfig=GRANIAN_LOG_CONFIG,
+        workers_kill_timeout=max(1, int(settings.http_drain_delay_s + graceful_timeout + 1)),
+    )
+    server.serve(spawn_target=_wsgi_worker_target(), target_loader=_load_side, wrap_loader=False)
+    return 0
+
+
+def serve_command(
+    *, server: str, bind: str, workers: int, threads: int, timeout: int, graceful_timeout: int, header_timeout: float
+) -> int:
+    """Run the chosen server until a signal stops it; returns the exit code."""
+    if server == "gunicorn":
+        from importer.adapters.http_server import serve
+
+        serve(bind, workers, threads, timeout, graceful_timeout)
+        return 0
+    return serve_granian(bind, workers, threads, graceful_timeout, header_timeout)
