@@ -249,3 +249,45 @@ def test_apply_sequence_keeps_invariants(
 
     # The dict of the first state was never mutated (every step copies).
     assert initial == initial_copy
+
+
+# -- content_key: the plain-form fast path agrees with the full parse ----------------
+
+
+def _full_parse_key(data: bytes, max_rows: int) -> str:
+    import hashlib
+
+    parsed = parse_shipment(data, max_rows=max_rows)
+    if isinstance(parsed, CsvInvalid):
+        return "bytes:" + hashlib.sha256(data).hexdigest()
+    return parsed.content_sha256
+
+
+PLAINISH = st.sampled_from(
+    ["sku,quantity\n", "sku,quantity\r\n", ",", "\n", "\n", "\r\n", "\r", "A", "b", "A-1", "B.2", "_", "0", "1",
+     "7", "1000000", "999999", "1000001", "0007", " ", '"', BOM, "é", "SKU,QUANTITY\n"]
+)
+
+
+@SETTINGS
+@given(st.lists(PLAINISH, max_size=60).map("".join), st.integers(min_value=1, max_value=8))
+def test_content_key_equals_the_full_parse_on_any_input(text: str, max_rows: int) -> None:
+    from importer.domain.shipment import content_key
+
+    data = text.encode()
+    assert content_key(data, max_rows) == _full_parse_key(data, max_rows)
+
+
+@SETTINGS
+@given(valid_rows, st.randoms(use_true_random=False), st.sampled_from(["\n", "\r\n"]), st.booleans(), st.booleans())
+def test_content_key_of_valid_files_in_any_order_is_the_canonical_hash(
+    rows: list[Row], rnd: object, eol: str, bom: bool, final_eol: bool
+) -> None:
+    from importer.domain.shipment import _plain_content_sha256, content_key, content_sha256
+
+    shuffled = list(rows)
+    rnd.shuffle(shuffled)  # type: ignore[attr-defined]
+    text = ("\ufeff" if bom else "") + "sku,quantity" + eol + eol.join(f"{r.sku},{r.quantity}" for r in shuffled)
+    data = (text + (eol if final_eol else "")).encode()
+    assert content_key(data, 100) == content_sha256(rows)
+    assert _plain_content_sha256(data, 100) == content_sha256(rows)  # without the full parse
