@@ -121,10 +121,13 @@ class HttpSide:
 def build_http(settings: Settings) -> HttpSide:
     bound_large_allocations()
     client = redis_client(settings)
-    store = RedisStore(client, settings, clock_ms=clock_ms)
     broker = build_broker(settings, client)
+    queue = ImportQueue(broker, settings)
+    # On the Redis transport the message is written with the job record, in
+    # one script (one round trip per POST, no unsent window).
+    store = RedisStore(client, settings, clock_ms=clock_ms, messages=queue.redis_message if queue.writes_to(client) else None)
     metrics = HttpMetrics(store)
-    sender: MessageSender = ImportQueue(broker, settings)
+    sender: MessageSender = queue
     if settings.fault:
         from importer.adapters.faults import Faults, FaultySender  # tests only
 

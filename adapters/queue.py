@@ -26,6 +26,7 @@ import os
 import threading
 import time
 import traceback
+import uuid
 from typing import Any
 
 import dramatiq
@@ -35,7 +36,7 @@ from dramatiq.middleware import CurrentMessage, Middleware, Retries, ShutdownNot
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from importer.adapters.logs import log_event
-from importer.adapters.redis_store import Keys, RedisStore, StoreUnavailable, store_errors, unavailable
+from importer.adapters.redis_store import Keys, OutgoingMessage, RedisStore, StoreUnavailable, store_errors, unavailable
 from importer.adapters.settings import Settings
 from importer.domain.contract import encode_message
 from importer.domain.errors import PublicError
@@ -108,8 +109,15 @@ class ImportQueue:
         self.settings = settings
 
     def send(self, *, job_id: str, batch_id: str, upload_id: str) -> None:
-        body = encode_message(job_id, batch_id, upload_id, version=self.settings.producer_version)
-        self.send_raw(body)
+        self.send_raw(self._body(job_id, batch_id, upload_id))
+
+    def _body(self, job_id: str, batch_id: str, upload_id: str) -> dict[str, Any]:
+        return encode_message(job_id, batch_id, upload_id, version=self.settings.producer_version)
+
+    def _message(self, body: dict[str, Any]) -> dramatiq.Message[Any]:
+        return dramatiq.Message(
+            queue_name=self.settings.queue_name, actor_name=ACTOR_NAME, args=(body,), kwargs={}, options={}
+        )
 
     def send_raw(self, body: dict[str, Any]) -> None:
         """Send any body, valid or not (tests use it to send a v2 message).
@@ -118,11 +126,8 @@ class ImportQueue:
         memory, read-only...) is StoreUnavailable: HTTP answers 503 and the
         reconciler sends the message of the recorded job later.
         """
-        message = dramatiq.Message(
-            queue_name=self.settings.queue_name, actor_name=ACTOR_NAME, args=(body,), kwargs={}, options={}
-        )
         try:
-            self.broker.enqueue(message)
+            self.broker.enqueue(self._message(body))
         except dramatiq.errors.BrokerError as exc:  # RabbitMQ: connection closed, publish not confirmed
             raise StoreUnavailable(f"broker: {type(exc).__name__}") from exc
         except redis.RedisError as exc:
@@ -130,6 +135,23 @@ class ImportQueue:
             if translated is None:
                 raise
             raise translated from exc
+
+    def writes_to(self, client: Any) -> bool:
+        """Whether the broker is dramatiq's Redis broker on this very client, so
+        the store can write the message in the script that records the job."""
+        return isinstance(self.broker, RedisBroker) and self.broker.client is client
+
+    def redis_message(self, job_id: str, batch_id: str, upload_id: str) -> OutgoingMessage:
+        """The message exactly as ``RedisBroker.enqueue`` writes it (no delay):
+        a copy with a fresh ``redis_message_id`` option, encoded by dramatiq's
+        encoder, stored under that id in ``<namespace>:<queue>.msgs`` and the id
+        pushed on ``<namespace>:<queue>``. dramatiq's enqueue middleware hooks
+        are not run: no middleware of the producer's broker has any."""
+        assert isinstance(self.broker, RedisBroker)
+        message = self._message(self._body(job_id, batch_id, upload_id))
+        message = message.copy(options={"redis_message_id": str(uuid.uuid4())})
+        queue_key = f"{self.broker.namespace}:{message.queue_name}"
+        return OutgoingMessage(queue_key, queue_key + ".msgs", message.options["redis_message_id"], message.encode())
 
 
 def _where(exc: BaseException) -> str:

@@ -200,14 +200,37 @@ def _shipment_record(raw: dict[Any, Any]) -> ShipmentRecord:
     )
 
 
-class RedisStore:
-    """All of Importer's Redis state behind one object; built by the composition root."""
+@dataclass(frozen=True)
+class OutgoingMessage:
+    """A job's dramatiq message, encoded, with the keys dramatiq's Redis broker
+    keeps it under (see adapters/queue.py ImportQueue.redis_message)."""
 
-    def __init__(self, client: redis.Redis, settings: Settings, *, clock_ms: Callable[[], int]) -> None:
+    queue_key: str
+    messages_key: str
+    redis_message_id: str
+    data: bytes
+
+
+#: (jobId, batchId, uploadId) -> the message to write with the job record.
+MessageWriter = Callable[[str, str, str], OutgoingMessage]
+
+
+class RedisStore:
+    """All of Importer's Redis state behind one object; built by the composition root.
+
+    With ``messages`` (the producer on the Redis transport, when the broker
+    uses this very Redis), :meth:`enqueue` writes the job's dramatiq message in
+    the same script as its record: one round trip, no unsent window.
+    """
+
+    def __init__(
+        self, client: redis.Redis, settings: Settings, *, clock_ms: Callable[[], int], messages: MessageWriter | None = None
+    ) -> None:
         self.client = client
         self.settings = settings
         self.keys = Keys(settings.key_prefix)
         self._now = clock_ms
+        self.messages = messages
         self._scripts = {name: client.register_script(lua_source(name)) for name in SCRIPT_NAMES}
 
     def _pipelined(self, calls: list[tuple[str, list[Any], list[Any]]]) -> list[Any]:
@@ -248,17 +271,19 @@ class RedisStore:
     ) -> EnqueueOutcome:
         k, s = self.keys, self.settings
         now = self._now()
+        keys = [
+            k.job(job_id), k.upload(upload_id), k.done(batch_id), k.unsent, k.waiting, k.events, k.owner_jobs(owner),
+        ]
+        args: list[Any] = [job_id, batch_id, owner, content_sha256, upload_id, now, csv, s.events_maxlen]
+        if self.messages is not None:
+            message = self.messages(job_id, batch_id, upload_id)
+            keys += [message.queue_key, message.messages_key]
+            args += [message.redis_message_id, message.data]
         with _translate():
-            reply = self._scripts["enqueue"](
-                keys=[
-                    k.job(job_id), k.upload(upload_id), k.done(batch_id), k.unsent, k.waiting, k.events,
-                    k.owner_jobs(owner),
-                ],
-                args=[job_id, batch_id, owner, content_sha256, upload_id, now, csv, s.events_maxlen],
-            )
+            reply = self._scripts["enqueue"](keys=keys, args=args)
         kind = _s(reply[0])
         if kind == "created":
-            return EnqueueOutcome("created", JobState.WAITING)
+            return EnqueueOutcome("created", JobState.WAITING, sent=bool(int(reply[1])))
         if kind == "exists":
             return EnqueueOutcome("exists", _s(reply[1]))
         return EnqueueOutcome("conflict")

@@ -22,6 +22,9 @@ class EnqueueOutcome:
     kind: Literal["created", "exists", "conflict"]
     #: The job's state when it exists ('waiting' for a new one).
     state: str = ""
+    #: A new job's message was written in the same atomic step as its record
+    #: (the Redis transport): there is nothing left to send.
+    sent: bool = False
 
 
 @dataclass(frozen=True)

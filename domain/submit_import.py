@@ -30,10 +30,12 @@ def submit_import(
     """Record the job of ``batch_id`` (once) and send its message.
 
     A job whose record exists is returned as it is and nothing is sent again.
-    The message is sent after the record exists; a producer that dies in
-    between leaves the job in the store's *unsent* index, which the workers'
-    reconciler sends later (so does a send that failed: the caller answers 503,
-    and a retry of the same POST is harmless).
+    On the Redis transport the store writes the message with the record, in
+    one atomic step (``outcome.sent``). Otherwise the message is sent after
+    the record exists; a producer that dies in between leaves the job in the
+    store's *unsent* index, which the workers' reconciler sends later (so does
+    a send that failed: the caller answers 503, and a retry of the same POST
+    is harmless).
     """
     job_id = job_id_for(batch_id)
     outcome = recorder.enqueue(
@@ -42,7 +44,7 @@ def submit_import(
     )
     if outcome.kind == "conflict":
         raise BatchConflict()
-    if outcome.kind == "created":
+    if outcome.kind == "created" and not outcome.sent:
         sender.send(job_id=job_id, batch_id=batch_id, upload_id=upload_id)
         recorder.mark_sent(job_id)
     return Accepted(job_id, batch_id, outcome.state)

@@ -9,7 +9,15 @@
 -- (The per-owner rate limit is not here: it is taken before the body is read,
 -- RedisStore.take_rate_token.)
 --
--- Returns {'created'} | {'exists', state} | {'conflict', reason}
+-- With the job's dramatiq message (Redis transport, the broker on this Redis):
+-- KEYS[8] <namespace>:<queue>  KEYS[9] <namespace>:<queue>.msgs
+-- ARGV[9] redis_message_id  ARGV[10] the message as dramatiq's encoder wrote it
+--   written as dramatiq's RedisBroker.enqueue (its dispatch.lua) writes it:
+--   HSET the data under the id in .msgs, RPUSH the id on the queue list. So
+--   no job ever exists without its message, and no unsent entry is needed.
+--   Without them the job goes into P:jobs:unsent until the caller marks it sent.
+--
+-- Returns {'created', sent (1|0)} | {'exists', state} | {'conflict', reason}
 --   'exists': the job record is still there with the same owner and content
 --   (like BullMQ's jobId: enqueueing again is a no-op).
 --   'conflict': the batchId is bound to another owner or other content, in
@@ -36,8 +44,15 @@ redis.call('HSET', job_key,
   'attempt', 0, 'contentSha256', sha, 'uploadId', ARGV[5],
   'createdAt', ARGV[6], 'updatedAt', ARGV[6])
 redis.call('SET', upload_key, ARGV[7])
-redis.call('ZADD', KEYS[4], ARGV[6], job_id)
 redis.call('ZADD', KEYS[5], ARGV[6], job_id)
 redis.call('ZADD', KEYS[7], ARGV[6], job_id)  -- [console] GET /api/imports
 emit(KEYS[6], ARGV[8], 'waiting', job_id, batch_id, 0, '{}')
-return {'created'}
+local queue_key, messages_key = KEYS[8], KEYS[9]
+local message_id, message_data = ARGV[9], ARGV[10]
+if queue_key and message_id then
+  redis.call('HSET', messages_key, message_id, message_data)
+  redis.call('RPUSH', queue_key, message_id)
+  return {'created', 1}
+end
+redis.call('ZADD', KEYS[4], ARGV[6], job_id)
+return {'created', 0}

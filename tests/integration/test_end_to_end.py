@@ -202,14 +202,22 @@ def test_a_worker_killed_before_the_apply_is_retried_as_attempt_2(make_system: o
 def test_a_crash_between_recording_and_sending_is_repaired_by_the_sweeper(make_system: object) -> None:
     system = make_system(IMPORTER_UNSENT_GRACE="1")  # type: ignore[operator]
     crashing = system.start_http(IMPORTER_FAULT="before_send:crash")
-    try:
-        system.post_csv("orphan-1", SEED)
-    except OSError:
-        pass  # the HTTP worker died mid-request, as intended
     store = system.store()
+    if system.transport == "redis":
+        # The message is written by the script that records the job: there is
+        # no "between", the crash point is never reached.
+        assert system.post_csv("orphan-1", SEED)[0] == 202
+        assert crashing.popen.poll() is None
+        assert queued_messages(system) == 1
+        assert store.client.zcard(store.keys.unsent) == 0
+    else:
+        try:
+            system.post_csv("orphan-1", SEED)
+        except OSError:
+            pass  # the HTTP worker died mid-request, as intended
+        assert queued_messages(system) == 0  # recorded, never sent
     record = store.get_job("shipment-orphan-1")
     assert record is not None and record.state == "waiting"
-    assert queued_messages(system) == 0  # recorded, never sent
     crashing.stop()
 
     system.start_worker()

@@ -34,6 +34,8 @@ class FakeStore:
     #: What take_rate_token answers (0 = allowed), and the owners it was asked for.
     rate_wait_ms: int = 0
     rate_tokens: list[str] = field(default_factory=list)
+    #: Writes the message with the record, as the Redis store does on the Redis transport.
+    sends_with_record: bool = False
 
     def _call(self, name: str) -> None:
         self.calls.append(name)
@@ -52,7 +54,7 @@ class FakeStore:
                 content_sha256=content_sha256, upload_id=upload_id,
             )
             self.uploads[upload_id] = csv
-            return EnqueueOutcome("created", "waiting")
+            return EnqueueOutcome("created", "waiting", sent=self.sends_with_record)
         if existing.owner == owner and existing.content_sha256 == content_sha256:
             return EnqueueOutcome("exists", existing.state)
         return EnqueueOutcome("conflict")

@@ -31,6 +31,17 @@ def test_submit_records_then_sends_then_marks_sent_once() -> None:
     assert store.calls == ["enqueue", "mark_sent", "enqueue"]
 
 
+def test_submit_sends_nothing_when_the_store_wrote_the_message_with_the_record() -> None:
+    store, sender = FakeStore(sends_with_record=True), FakeSender()
+
+    accepted = submit(store, sender)
+    submit(store, sender)
+
+    assert (accepted.job_id, accepted.state) == ("shipment-b-1", "waiting")  # type: ignore[attr-defined]
+    assert sender.sent == []
+    assert store.calls == ["enqueue", "enqueue"]  # one store call per POST, no mark_sent
+
+
 def test_submit_refuses_other_content_and_other_owners_alike() -> None:
     store, sender = FakeStore(), FakeSender()
     submit(store, sender)

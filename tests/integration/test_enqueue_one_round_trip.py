@@ -1,0 +1,98 @@
+"""The Redis transport: the enqueue script writes the job record and its
+dramatiq message in one atomic step, exactly as dramatiq's RedisBroker.enqueue
+would have written the message, and a stock dramatiq consumer takes it."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import dramatiq
+import pytest
+import redis
+
+from importer.adapters.bootstrap import clock_ms
+from importer.adapters.queue import ACTOR_NAME, ImportQueue, build_broker
+from importer.adapters.redis_store import RedisStore
+from importer.domain.contract import encode_message
+from importer.domain.submit_import import submit_import
+from tests.integration.support import FIXTURES, System
+
+pytestmark = pytest.mark.integration
+
+SEED = (FIXTURES / "shipment-a-2026.csv").read_bytes()
+
+
+def _producer(system: System) -> tuple[RedisStore, ImportQueue, redis.Redis]:
+    settings = system.settings
+    client = redis.Redis.from_url(system.redis_url)
+    queue = ImportQueue(build_broker(settings, client), settings)
+    system.brokers.append(queue.broker)
+    assert queue.writes_to(client)
+    store = RedisStore(client, settings, clock_ms=clock_ms, messages=queue.redis_message)
+    return store, queue, client
+
+
+def _stored(client: redis.Redis, system: System) -> list[dict[str, Any]]:
+    ns = f"{system.prefix}dramatiq:{system.queue_name}"
+    ids = [i.decode() for i in client.lrange(ns, 0, -1)]
+    return [{"id": i, **json.loads(client.hget(ns + ".msgs", i))} for i in ids]  # type: ignore[arg-type]
+
+
+def test_the_script_writes_what_broker_enqueue_writes(make_system: object) -> None:
+    system: System = make_system()  # type: ignore[operator]
+    store, queue, client = _producer(system)
+    upload_id = uuid.uuid4().hex
+
+    accepted = submit_import(
+        store, queue, owner="owner-a", batch_id="fused-1", csv=SEED, upload_id=upload_id, max_rows=100
+    )
+    assert accepted.state == "waiting"
+    assert client.zcard(store.keys.unsent) == 0  # nothing to sweep: the message is there
+    [ours] = _stored(client, system)
+
+    # The same body through dramatiq's own RedisBroker.enqueue.
+    body = encode_message("shipment-fused-1", "fused-1", upload_id, version=system.settings.producer_version)
+    queue.send_raw(body)
+    theirs = _stored(client, system)[1]
+
+    assert set(ours) == set(theirs)
+    for field in ("queue_name", "actor_name", "args", "kwargs"):
+        assert ours[field] == theirs[field], field
+    assert ours["args"] == [body] and ours["actor_name"] == ACTOR_NAME
+    assert set(ours["options"]) == set(theirs["options"]) == {"redis_message_id"}
+    assert ours["options"]["redis_message_id"] == ours["id"]  # the list entry is the hash field
+    assert isinstance(ours["message_timestamp"], int) and abs(ours["message_timestamp"] - theirs["message_timestamp"]) < 60_000
+    uuid.UUID(ours["message_id"])
+
+    # Posting the batch again writes neither a record nor a message.
+    again = submit_import(store, queue, owner="owner-a", batch_id="fused-1", csv=SEED, upload_id=uuid.uuid4().hex, max_rows=100)
+    assert again.job_id == accepted.job_id
+    assert len(_stored(client, system)) == 2
+
+
+def test_a_stock_dramatiq_consumer_takes_the_message(make_system: object) -> None:
+    system: System = make_system()  # type: ignore[operator]
+    store, queue, _ = _producer(system)
+    upload_id = uuid.uuid4().hex
+    submit_import(store, queue, owner="owner-a", batch_id="fused-2", csv=SEED, upload_id=upload_id, max_rows=100)
+
+    broker = queue.broker
+    broker.declare_queue(system.queue_name)
+    consumer = broker.consume(system.queue_name, prefetch=1, timeout=1000)
+    try:
+        message = next(m for m in consumer if m is not None)
+        assert isinstance(message, dramatiq.broker.MessageProxy)
+        assert message.actor_name == ACTOR_NAME and message.queue_name == system.queue_name
+        assert message.args == (encode_message("shipment-fused-2", "fused-2", upload_id, version=system.settings.producer_version),)
+        consumer.ack(message)
+    finally:
+        consumer.close()
+
+
+def test_end_to_end_with_a_real_worker_and_no_unsent_index(system: System) -> None:
+    assert system.post_csv("fused-3", SEED)[0] == 202
+    assert system.wait_state("shipment-fused-3")["state"] == "completed"
+    store = system.store()
+    assert store.client.zcard(store.keys.unsent) == 0
