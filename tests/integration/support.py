@@ -103,6 +103,23 @@ class Proc:
         return self.popen.returncode
 
 
+class Headers(dict[str, str]):
+    """Response headers, looked up case-insensitively as HTTP says (granian
+    sends them lower-cased, gunicorn and waitress as the app wrote them)."""
+
+    def __init__(self, items: Any) -> None:
+        super().__init__((k.lower(), v) for k, v in items)
+
+    def __getitem__(self, key: str) -> str:
+        return super().__getitem__(key.lower())
+
+    def __contains__(self, key: object) -> bool:
+        return super().__contains__(key.lower() if isinstance(key, str) else key)
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        return super().get(key.lower(), default)
+
+
 @dataclass
 class System:
     """One isolated Importer installation (own key prefix) on the shared Redis."""
@@ -221,9 +238,9 @@ class System:
             req.add_header("Content-Type", ctype)
         try:
             with urllib.request.urlopen(req, timeout=30) as resp:
-                return resp.status, dict(resp.headers), resp.read()
+                return resp.status, Headers(resp.headers.items()), resp.read()
         except urllib.error.HTTPError as err:
-            return err.code, dict(err.headers), err.read()
+            return err.code, Headers(err.headers.items()), err.read()
 
     def post_csv(self, batch_id: str, data: bytes, **kw: Any) -> tuple[int, Any]:
         status, _, body = self.request("POST", f"/api/imports?batchId={batch_id}", body=data, ctype="text/csv", **kw)
