@@ -86,6 +86,8 @@ def content_sha256(rows: tuple[Row, ...] | list[Row]) -> str:
 # One row in its plain form: a SKU, a comma, a quantity from 1 to MAX_QUANTITY
 # without leading zeros. The header "sku,quantity" is checked apart.
 _PLAIN_ROWS = re.compile(rb"(?:[A-Za-z0-9][A-Za-z0-9._-]{0,63},(?:[1-9][0-9]{0,5}|1000000)\n)*")
+# In sorted plain rows, a SKU repeated: a line and the next start with the same "SKU,".
+_REPEATED_SKU = re.compile(rb"^([^,\n]*,)[^\n]*\n\1", re.M)
 
 
 def _plain_content_sha256(data: bytes, max_rows: int) -> str | None:
@@ -122,14 +124,11 @@ def _plain_content_sha256(data: bytes, max_rows: int) -> str | None:
     if len(lines) > max_rows:
         return None
     lines.sort()
-    previous = b""
-    for line in lines:
-        sku = line[: line.index(b",")]
-        if sku == previous:
-            return None  # a duplicate SKU: invalid, the full parse reports it
-        previous = sku
     lines.append(b"")
-    return hashlib.sha256(b"\n".join(lines)).hexdigest()
+    canonical = b"\n".join(lines)
+    if _REPEATED_SKU.search(canonical) is not None:
+        return None  # a duplicate SKU: invalid, the full parse reports it
+    return hashlib.sha256(canonical).hexdigest()
 
 
 def content_key(data: bytes, max_rows: int = DEFAULT_MAX_ROWS) -> str:
