@@ -217,6 +217,8 @@ class Settings:
             raise SettingsError("IMPORTER_EVENT_STREAM_HEARTBEAT and IMPORTER_EVENT_STREAM_MAX_DURATION must be > 0")
         if self.redis_socket_timeout_s <= 0 or self.reconcile_interval_s <= 0 or self.attempt_lease_s <= 0:
             raise SettingsError("IMPORTER_REDIS_SOCKET_TIMEOUT, IMPORTER_RECONCILE_INTERVAL and IMPORTER_ATTEMPT_LEASE must be > 0")
+        if self.http_server not in ("granian", "gunicorn"):
+            raise SettingsError("IMPORTER_HTTP_SERVER must be granian or gunicorn")
         if self.max_attempts < 1:
             raise SettingsError("max_attempts must be >= 1")
 
