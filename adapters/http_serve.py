@@ -23,6 +23,10 @@ What granian does and does not do for us, checked against granian 2.8.9:
   that passed authentication and the rate limit read their body.
 * No request timeout (gunicorn's ``--timeout`` restarts a stuck worker; with
   granian a stuck request holds its thread). Redis calls have socket timeouts.
+* Response header names go out in lower case (hyper's HTTP/1; header names are
+  case-insensitive).
+* The worker processes are forked (Linux's default start method): the worker
+  body below is a closure.
 
 Shutdown, in each worker process, on the first SIGTERM or SIGINT (sent by
 granian's main process, which forwards its own first signal, or directly):
@@ -133,6 +137,9 @@ def serve_granian(
         log_level="warning",
         log_dictconfig=GRANIAN_LOG_CONFIG,
         workers_kill_timeout=max(1, int(settings.http_drain_delay_s + graceful_timeout + 1)),
+        # A worker that dies (OOM killer, a crash) is replaced, as gunicorn does;
+        # granian gives up on a crash loop (a respawn within 5.5 s).
+        respawn_failed_workers=True,
     )
     server.serve(spawn_target=_wsgi_worker_target(), target_loader=_load_side, wrap_loader=False)
     return 0

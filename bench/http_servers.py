@@ -9,7 +9,8 @@ granian 2 workers x 4 blocking threads) it measures, on its own redis-server:
   POSTing 3-row CSVs (bench/wrk_post.lua): req/s, p50, p99;
 * 64 slow clients (no key, 1 byte per second: headers that never end, and a
   complete header block followed by a trickled body) while /health is asked
-  once every 50 ms: /health p50, p99, max and failures.
+  once every 50 ms: /health p50, p99, max and failures; the same with a
+  valid key (the body is read, after the key is checked).
 
 The bare app runs under ``gunicorn ...`` / ``granian ...`` directly, Importer's
 app under ``importer serve --server X`` (``granian-direct``: the granian CLI
@@ -77,7 +78,8 @@ def start(kind: str, app: str, env: dict[str, str], port: int) -> subprocess.Pop
                 "--port", str(port), "--log-level", "warning", "--factory", "importer.adapters.http_server:wsgi_app"]
     else:
         argv = [str(BIN / "importer"), "serve", "--bind", f"127.0.0.1:{port}", "--workers", "2", "--threads", "4"]
-        argv += ["--server", kind]
+        if not kind.endswith("-plain"):  # "-plain": a checkout whose serve has no --server (gunicorn)
+            argv += ["--server", kind]
     log = open(tempfile.gettempdir() + f"/http-servers-{kind}-{app}.log", "wb")
     return subprocess.Popen(argv, env=env, cwd=ROOT, stdout=log, stderr=log, start_new_session=True)
 
@@ -108,7 +110,8 @@ def slow_clients(port: int, n: int, mode: str, stop_evt: threading.Event) -> lis
         script = b"POST /api/imports?batchId=slow HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 10_000
         first = b""
     else:
-        first = b"POST /api/imports?batchId=slow HTTP/1.1\r\nHost: x\r\nContent-Type: text/csv\r\nContent-Length: 1048576\r\n\r\n"
+        auth = f"Authorization: Bearer {API_KEY}\r\n".encode() if mode == "body-with-key" else b""
+        first = b"POST /api/imports?batchId=slow HTTP/1.1\r\nHost: x\r\nContent-Type: text/csv\r\n" + auth + b"Content-Length: 1048576\r\n\r\n"
         script = b"sku,quantity\n" + b"A,1\n" * 100_000
     for _ in range(n):
         try:
@@ -196,7 +199,7 @@ def main() -> int:
                         stop(proc)
                 if args.skip_slow:
                     continue
-                for mode in ("headers", "body"):
+                for mode in os.environ.get("BENCH_SLOW_MODES", "headers,body,body-with-key").split(","):
                     port = free_port()
                     proc = start(kind, "importer", env, port)
                     stop_evt = threading.Event()
