@@ -100,6 +100,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--importer", default=str(Path(sys.executable).parent / "importer"))
     ap.add_argument("--server", default="")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--redis-port", type=int, default=16399)
     ap.add_argument("--seconds", type=int, default=10)
     ap.add_argument("--repeat", type=int, default=3)
@@ -123,7 +125,7 @@ def main() -> int:
         IMPORTER_RATE_LIMIT="0", IMPORTER_API_KEYS=f"prof:{hash_key(API_KEY)}", IMPORTER_HTTP_DRAIN_DELAY="0",
         IMPORTER_KEEP_COMPLETED_COUNT="10000000",
     )
-    argv = [args.importer, "serve", "--bind", f"127.0.0.1:{port}", "--workers", "2", "--threads", "4"]
+    argv = [args.importer, "serve", "--bind", f"127.0.0.1:{port}", "--workers", str(args.workers), "--threads", str(args.threads)]
     if args.server:
         argv += ["--server", args.server]
     log = open(tempfile.gettempdir() + "/profile-http.log", "wb")
