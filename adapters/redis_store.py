@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable, Iterator
 from functools import cache
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import redis
