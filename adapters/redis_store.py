@@ -278,8 +278,8 @@ class RedisStore:
         args: list[Any] = [job_id, batch_id, owner, content_sha256, upload_id, now, csv, s.events_maxlen]
         if self.messages is not None:
             message = self.messages(job_id, batch_id, upload_id)
-            keys += [message.queue_key, message.messages_key]
-            args += [message.redis_message_id, message.data]
+            keys += [message.queue_key, message.messages_key, k.deadline]
+            args += [message.redis_message_id, message.data, int(s.waiting_grace_s * 1000)]
         with _translate():
             reply = self._scripts["enqueue"](keys=keys, args=args)
         kind = _s(reply[0])

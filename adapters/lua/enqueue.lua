@@ -10,11 +10,14 @@
 -- RedisStore.take_rate_token.)
 --
 -- With the job's dramatiq message (Redis transport, the broker on this Redis):
--- KEYS[8] <namespace>:<queue>  KEYS[9] <namespace>:<queue>.msgs
+-- KEYS[8] <namespace>:<queue>  KEYS[9] <namespace>:<queue>.msgs  KEYS[10] P:jobs:deadline
 -- ARGV[9] redis_message_id  ARGV[10] the message as dramatiq's encoder wrote it
+-- ARGV[11] waiting grace ms
 --   written as dramatiq's RedisBroker.enqueue (its dispatch.lua) writes it:
 --   HSET the data under the id in .msgs, RPUSH the id on the queue list. So
---   no job ever exists without its message, and no unsent entry is needed.
+--   no job ever exists without its message, and no unsent entry is needed;
+--   the job gets the deadline of a sent message (now + grace), as
+--   RedisStore.mark_sent gives it, for the reconciler.
 --   Without them the job goes into P:jobs:unsent until the caller marks it sent.
 --
 -- Returns {'created', sent (1|0)} | {'exists', state} | {'conflict', reason}
@@ -52,6 +55,7 @@ local message_id, message_data = ARGV[9], ARGV[10]
 if queue_key and message_id then
   redis.call('HSET', messages_key, message_id, message_data)
   redis.call('RPUSH', queue_key, message_id)
+  redis.call('ZADD', KEYS[10], 'NX', tonumber(ARGV[6]) + tonumber(ARGV[11]), job_id)
   return {'created', 1}
 end
 redis.call('ZADD', KEYS[4], ARGV[6], job_id)

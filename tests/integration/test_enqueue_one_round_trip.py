@@ -49,7 +49,12 @@ def test_the_script_writes_what_broker_enqueue_writes(make_system: object) -> No
         store, queue, owner="owner-a", batch_id="fused-1", csv=SEED, upload_id=upload_id, max_rows=100
     )
     assert accepted.state == "waiting"
-    assert client.zcard(store.keys.unsent) == 0  # nothing to sweep: the message is there
+    assert client.zcard(store.keys.unsent) == 0  # nothing to send again: the message is there
+    # ... and the reconciler's deadline of a sent message, as mark_sent sets it.
+    record = store.get_job("shipment-fused-1")
+    assert record is not None
+    grace_ms = int(system.settings.waiting_grace_s * 1000)
+    assert client.zscore(store.keys.deadline, "shipment-fused-1") == record.created_at_ms + grace_ms
     [ours] = _stored(client, system)
 
     # The same body through dramatiq's own RedisBroker.enqueue.
