@@ -88,6 +88,8 @@ def content_sha256(rows: tuple[Row, ...] | list[Row]) -> str:
 _PLAIN_ROWS = re.compile(rb"(?:[A-Za-z0-9][A-Za-z0-9._-]{0,63},(?:[1-9][0-9]{0,5}|1000000)\n)*")
 # In sorted plain rows, a SKU repeated: a line and the next start with the same "SKU,".
 _REPEATED_SKU = re.compile(rb"^([^,\n]*,)[^\n]*\n\1", re.M)
+_BLANK_LINES = re.compile(rb"\n\n+")
+_PLAIN_HEADER = b"sku,quantity\n"
 
 
 def _plain_content_sha256(data: bytes, max_rows: int) -> str | None:
@@ -99,6 +101,10 @@ def _plain_content_sha256(data: bytes, max_rows: int) -> str | None:
     Such a line *is* its canonical form ``sku,quantity``; and ``,`` sorts
     before every SKU character, so sorting the lines sorts the rows by SKU.
     Anything else returns None and the full parse decides.
+
+    Memory stays a small multiple of the file whatever its shape: no list is
+    built before the rows are known to be plain and at most ``max_rows``
+    (a file of newlines or of commas is turned down by the checks first).
     """
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
@@ -111,18 +117,18 @@ def _plain_content_sha256(data: bytes, max_rows: int) -> str | None:
         if b"\r" in data:
             return None
     if b"\n\n" in data or data.startswith(b"\n"):
-        data = b"\n".join(line for line in data.split(b"\n") if line)
-    if not data.startswith(b"sku,quantity\n"):
+        data = _BLANK_LINES.sub(b"\n", data).lstrip(b"\n")
+    if not data.startswith(_PLAIN_HEADER) or len(data) == len(_PLAIN_HEADER):
         return None
-    body = data[len(b"sku,quantity\n"):]
-    if body and not body.endswith(b"\n"):
-        body += b"\n"
-    if not body or _PLAIN_ROWS.fullmatch(body) is None:
+    if not data.endswith(b"\n"):
+        data += b"\n"
+    rows = data.count(b"\n") - 1
+    if rows > max_rows or _PLAIN_ROWS.fullmatch(data, len(_PLAIN_HEADER)) is None:
         return None
-    lines = body.split(b"\n")
+    lines = data.split(b"\n")
+    del data
     lines.pop()  # after the last newline
-    if len(lines) > max_rows:
-        return None
+    lines[0] = lines.pop()  # drop the header without shifting the list
     lines.sort()
     lines.append(b"")
     canonical = b"\n".join(lines)
