@@ -4,12 +4,15 @@ blocks that never end are cut, the upload limit holds, JSON log lines."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.integration.support import System
+from tests.integration.support import System, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -110,11 +113,17 @@ def test_upload_limits_hold_under_granian(make_system: object) -> None:
     assert system.store().get_job("shipment-huge") is None
 
 
-def test_granian_lines_are_json(make_system: object) -> None:
+def test_granian_lines_are_json_and_a_dead_worker_is_replaced(make_system: object) -> None:
     system = make_system()  # type: ignore[operator]
     http = system.start_http(workers=1)
-    assert system.request("GET", "/health", key=None)[0] == 200
+    main = http.popen.pid
+    worker = int(Path(f"/proc/{main}/task/{main}/children").read_text().split()[0])
+    os.kill(worker, signal.SIGKILL)  # granian itself logs, then starts a new worker
+    wait_for(lambda: "Unexpected exit" in http.log(), 30, message="granian's line")
+    wait_for(lambda: system.request("GET", "/health", key=None)[0] == 200, 30, message="new worker")
+    assert http.stop() == 0
     lines = [line for line in http.log().splitlines() if line.strip()]
-    assert lines
     for line in lines:
-        json.loads(line)
+        assert isinstance(json.loads(line), dict), line
+    assert any(json.loads(line)["logger"] == "_granian" for line in lines)
+    assert "http.closed" in http.log()
