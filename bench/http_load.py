@@ -104,7 +104,7 @@ def scenario_http(b: Bench) -> None:
     b.wrk = find_wrk(b)
     if not b.wrk:
         for r in (rps, p50, p99):
-            r.note = b.wrk_note
+            r.note = "skipped (wrk not found)"
         log(b.wrk_note)
         res.notes.append(b.wrk_note)
         return
