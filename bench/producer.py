@@ -1,7 +1,8 @@
 """Importer's producer path, in-process, for the scenarios that pre-enqueue jobs with no worker running.
 
-One function per upload, ``ImporterProducer.submit``: the product's own enqueue sequence (content identity,
-record, send, mark sent), so the bench never re-implements it elsewhere.
+The product's own use case, ``importer.domain.submit_import.submit_import``, over the store and sender that
+the HTTP composition root (``importer.adapters.bootstrap.build_http``) builds: the bench does not
+re-implement the enqueue sequence.
 """
 
 from __future__ import annotations
@@ -10,44 +11,32 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-import redis
-from importer.adapters.bootstrap import clock_ms
-from importer.adapters.queue import ImportQueue, build_broker
-from importer.adapters.redis_store import RedisStore
+from importer.adapters.bootstrap import build_http
 from importer.adapters.settings import Settings
-from importer.domain.shipment import job_id_for, parse_shipment
+from importer.domain.submit_import import submit_import
 
 from bench.common import OWNER, BenchError
 
 
 class ImporterProducer:
     def __init__(self, url: str, env: dict[str, str]) -> None:
-        self.settings = Settings.from_env(env)
-        self.client = redis.Redis.from_url(url, socket_timeout=30)
-        self.store = RedisStore(self.client, self.settings, clock_ms=clock_ms)
-        self.broker = build_broker(self.settings, self.client)
-        self.queue = ImportQueue(self.broker, self.settings)
+        self.settings = Settings.from_env(dict(env, IMPORTER_REDIS_URL=url))
+        self.side = build_http(self.settings)
+        self.client = self.side.client
 
     def submit(self, batch_id: str, csv: bytes) -> str:
-        """Record and send one import; returns its upload id."""
-        job_id = job_id_for(batch_id)
-        parsed = parse_shipment(csv, max_rows=self.settings.max_rows)
-        if not hasattr(parsed, "content_sha256"):
-            raise BenchError(f"the bench's own CSV for {batch_id} is invalid: {parsed}")
+        """Record and send one new import; returns its upload id."""
         upload_id = uuid.uuid4().hex
-        outcome = self.store.enqueue(
-            job_id=job_id, batch_id=batch_id, owner=OWNER, content_sha256=parsed.content_sha256,
-            upload_id=upload_id, csv=csv,
+        accepted = submit_import(
+            self.side.api.store, self.side.api.sender, owner=OWNER, batch_id=batch_id, csv=csv,
+            upload_id=upload_id, max_rows=self.settings.max_rows,
         )
-        if outcome.kind != "created":
-            raise BenchError(f"enqueue of {job_id}: {outcome}")
-        self.queue.send(job_id=job_id, batch_id=batch_id, upload_id=upload_id)
-        self.store.mark_sent(job_id)
+        if accepted.state != "waiting":
+            raise BenchError(f"enqueue of {batch_id}: the job already existed ({accepted})")
         return upload_id
 
     def close(self) -> None:
-        self.broker.close()
-        self.client.close()
+        self.side.close()
 
 
 def parallel(work: Callable[[range], None], n: int, threads: int = 4) -> None:
