@@ -12,33 +12,46 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 import redis
-from importer.adapters.redis_store import Keys
 
 from bench.common import (
     BenchError,
-    csv_3rows,
     log,
-    new_prefix,
     script_names,
     slowlog_words,
     tail,
 )
-from bench.producer import preenqueue_importer
+from bench.drain import setup
 
 if TYPE_CHECKING:
     from bench.servers import Bench
 
 
+WORKER = {"importer": "`importer worker`", "peer": "the BullMQ peer's `worker.js`"}
+
+
+def names_for(b: Bench, which: str) -> dict[str, str]:
+    if which == "peer":
+        assert b.peer is not None
+        return b.peer.script_names()
+    return script_names()
+
+
 def scenario_accounting(b: Bench) -> None:
+    for which in ("importer", "peer") if b.peer is not None else ("importer",):
+        try:
+            account(b, which)
+        except BenchError as exc:
+            b.results.notes.append(f"accounting {which} failed: {exc}")
+
+
+def account(b: Bench, which: str) -> None:
     """One separate drain under MONITOR: every command the worker side sends, by script."""
     n = b.cfg.accounting_n
-    log(f"accounting: {n} imports under MONITOR (not timed)")
-    prefix = new_prefix("acct")
-    env = b.importer_env(prefix)
-    keys = Keys(prefix)
+    log(f"accounting: {n} imports under MONITOR (not timed): {which}")
     tag = f"a{uuid.uuid4().hex[:8]}"
-    preenqueue_importer(b.url, env, n, tag, csv_3rows)
-    sha_names = script_names()
+    su = setup(b, which, n, tag)
+    completed_key = su.probe[0][1]
+    sha_names = names_for(b, which)
     top: Counter[str] = Counter()
     inner: Counter[str] = Counter()
     inner_by_script: dict[str, Counter[str]] = {}
@@ -111,15 +124,15 @@ def scenario_accounting(b: Bench) -> None:
     thread = threading.Thread(target=monitor, name="bench-monitor", daemon=True)
     thread.start()
     ready.wait(10)
-    proc = b.procs.spawn("accounting-worker", b.importer_argv("worker", *b.worker_args()), env)
+    proc = b.procs.spawn(f"accounting-{which}-worker", su.argv, su.env)
     try:
         deadline = time.monotonic() + 120
-        while poller.zcard(keys.completed) < n:
+        while poller.zcard(completed_key) < n:
             if proc.popen.poll() is not None or time.monotonic() > deadline:
                 raise BenchError(f"accounting drain did not finish: {tail(proc.log_path, 5)}")
             time.sleep(0.02)
     except BenchError as exc:
-        b.results.notes.append(f"accounting failed: {exc}")
+        b.results.notes.append(f"accounting {which} failed: {exc}")
         return
     finally:
         b.procs.stop(proc)
@@ -128,35 +141,34 @@ def scenario_accounting(b: Bench) -> None:
         thread.join(15)
         b.flush()
     if errors:
-        b.results.notes.append(f"accounting (MONITOR) failed: {errors[0]}")
+        b.results.notes.append(f"accounting {which} (MONITOR) failed: {errors[0]}")
         return
-    b.accounting = {"n": n, "top": top, "inner": inner, "by_script": inner_by_script, "usec": {}}
+    acct = {"n": n, "top": top, "inner": inner, "by_script": inner_by_script, "usec": {}}
+    b.accounting[which] = acct
     total_top = sum(top.values())
     log(f"  worker side sends {total_top / n:.2f} commands per import ({sum(v for k, v in top.items() if k.startswith('EVAL')) / n:.2f} scripts), "
         f"and the scripts run {sum(inner.values()) / n:.1f} commands per import")
     try:
-        b.accounting["usec"] = server_time_by_command(b, n)
+        acct["usec"] = server_time_by_command(b, which, n)
     except BenchError as exc:
-        b.results.notes.append(f"accounting (SLOWLOG pass) failed: {exc}")
+        b.results.notes.append(f"accounting {which} (SLOWLOG pass) failed: {exc}")
 
 
-def server_time_by_command(b: Bench, n: int) -> dict[str, tuple[int, float]]:
+def server_time_by_command(b: Bench, which: str, n: int) -> dict[str, tuple[int, float]]:
     """Another untimed drain with `slowlog-log-slower-than 0` (no MONITOR, which would slow the
     scripts' inner calls): server execution time of each top-level command, by script."""
     assert b.client is not None
-    log(f"accounting: {n} imports with SLOWLOG at 0 µs (not timed)")
-    prefix = new_prefix("slow")
-    env = b.importer_env(prefix)
-    keys = Keys(prefix)
-    preenqueue_importer(b.url, env, n, f"s{uuid.uuid4().hex[:8]}", csv_3rows)
-    names = script_names()
+    log(f"accounting: {n} imports with SLOWLOG at 0 µs (not timed): {which}")
+    su = setup(b, which, n, f"s{uuid.uuid4().hex[:8]}")
+    completed_key = su.probe[0][1]
+    names = names_for(b, which)
     b.client.config_set("slowlog-max-len", 50 * n + 1000)
     b.client.config_set("slowlog-log-slower-than", 0)
     b.client.slowlog_reset()
-    proc = b.procs.spawn("slowlog-worker", b.importer_argv("worker", *b.worker_args()), env)
+    proc = b.procs.spawn(f"slowlog-{which}-worker", su.argv, su.env)
     try:
         deadline = time.monotonic() + 120
-        while b.client.zcard(keys.completed) < n:
+        while b.client.zcard(completed_key) < n:
             if proc.popen.poll() is not None or time.monotonic() > deadline:
                 raise BenchError(f"drain did not finish: {tail(proc.log_path, 5)}")
             time.sleep(0.02)
@@ -178,25 +190,36 @@ def server_time_by_command(b: Bench, n: int) -> dict[str, tuple[int, float]]:
 
 
 def accounting_markdown(b: Bench) -> str:
-    acct = b.accounting
-    if not acct:
+    if not b.accounting:
         return "(not measured in this run)"
-    n = acct["n"]
-    lines = [
-        f"One extra, untimed drain of {n:,} 3-row imports by `importer worker` "
-        f"({b.cfg.processes} process(es), {b.cfg.threads} threads, prefetch {b.cfg.prefetch or 'default'}) "
-        "under `MONITOR`. Counts include the worker's boot and shutdown (negligible), exclude the bench's own polling.",
+    n = next(iter(b.accounting.values()))["n"]
+    parts = [
+        f"One extra, untimed drain of {n:,} 3-row imports per system under `MONITOR`: `importer worker` "
+        f"({b.cfg.processes} process(es), {b.cfg.threads} threads, prefetch {b.cfg.prefetch or 'default'}) and the "
+        f"BullMQ peer's `worker.js` (concurrency {b.cfg.peer_concurrency}). Counts include the worker's boot and "
+        "shutdown (negligible), exclude the bench's own polling (and, for the peer, the `node enqueue.js` producer, "
+        "which ran before).",
         "",
         "The server time per call is the mean SLOWLOG duration of that command in a second untimed drain "
-        "of the same size, with `slowlog-log-slower-than 0` and no MONITOR (execution only, no I/O).",
-        "",
+        "of the same size, with `slowlog-log-slower-than 0` and no MONITOR (execution only, no I/O). "
+        "ioredis sends the first call of a script on each connection as `EVAL <source>` (counted as EVAL), "
+        "then `EVALSHA`.",
+    ]
+    for which, acct in b.accounting.items():
+        parts += ["", f"### {WORKER[which]}", "", table_markdown(acct)]
+    return "\n".join(parts)
+
+
+def table_markdown(acct: dict) -> str:  # type: ignore[type-arg]
+    n = acct["n"]
+    lines = [
         "| sent by the worker (top level) | per import | server µs per call | run inside that script | per import |",
         "| --- | --- | --- | --- | --- |",
     ]
     usec = acct.get("usec", {})
     for name, count in acct["top"].most_common():
         script = name.replace("EVALSHA ", "")
-        inner = acct["by_script"].get(script, Counter()) if name.startswith("EVALSHA") else Counter()
+        inner = acct["by_script"].get(script, Counter()) if name.startswith("EVAL") else Counter()
         inner_text = ", ".join(f"{k.upper()} {v / n:.2f}" for k, v in inner.most_common()) or "—"
         inner_total = sum(inner.values()) / n
         per_call = f"{usec[name][1]:.1f}" if name in usec else "—"

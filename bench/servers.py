@@ -60,7 +60,7 @@ class Bench:
         self.peer_note = ""
         self.load_start = "?"
         self.code_start = "?"
-        self.accounting: dict | None = None  # type: ignore[type-arg]
+        self.accounting: dict[str, dict] = {}  # type: ignore[type-arg]  # subject -> MONITOR counts
         base_env = {k: v for k, v in os.environ.items() if not k.startswith(("IMPORTER_", "dramatiq_", "BENCH_", "PEER_"))}
         base_env["PYTHONUNBUFFERED"] = "1"
         self.base_env = base_env

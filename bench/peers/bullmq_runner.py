@@ -31,6 +31,7 @@ class BullmqPeer:
         self.node = node
         self.versions = versions
         self.apply_sha = hashlib.sha1((PEER_DIR / "apply.lua").read_bytes()).hexdigest()
+        self._names: dict[str, str] | None = None
 
     # -- installation -------------------------------------------------------------
 
@@ -115,6 +116,18 @@ class BullmqPeer:
         )
         if done.returncode != 0:
             raise BenchError(f"peer enqueue exited {done.returncode}: {done.stderr.strip()[-300:]}")
+
+    def script_names(self) -> dict[str, str]:
+        """sha1 -> readable name of BullMQ's Lua scripts and of the peer's apply.lua (node script-names.js)."""
+        if self._names is None:
+            done = subprocess.run([self.node, str(PEER_DIR / "script-names.js")], cwd=PEER_DIR,
+                                  capture_output=True, text=True, timeout=60)
+            try:
+                self._names = json.loads(done.stdout) if done.returncode == 0 else {}
+            except ValueError:
+                self._names = {}
+            self._names.setdefault(self.apply_sha, "applyShipment (apply.lua)")
+        return self._names
 
     # -- keys -----------------------------------------------------------------------
 
