@@ -19,15 +19,15 @@ async function processor(job) {
   const parsed = parseShipment(csv, maxRows);
   if (!parsed.ok) throw new UnrecoverableError(`csv.invalid: ${JSON.stringify(parsed.issues.slice(0, 5))}`);
   const rows = parsed.rows;
-  await job.updateProgress({ phase: 'validated', rows: rows.length });
+  await job.updateProgress({ phase: 'validated', rows });
   let result;
   try {
-    result = await applyShipment(connection, batchId, sha256, rows);
+    result = await applyShipment(connection, batchId, sha256, parsed.pairs);
   } catch (err) {
     if (err instanceof BatchConflict) throw new UnrecoverableError(`batch.conflict: ${err.message}`);
     throw err;
   }
-  await job.updateProgress({ phase: 'committed', rows: rows.length });
+  await job.updateProgress({ phase: 'committed', rows });
   return result;
 }
 
