@@ -143,7 +143,7 @@ def large_once(b: Bench, which: str, body: bytes) -> dict[str, float]:
         b.client.config_set("slowlog-log-slower-than", 10000)
         if state != "completed":
             raise BenchError(f"large import {state}: {s.error(b.client)!r}")
-        sha_names = script_names()
+        sha_names = b.peer.script_names() if s.peer and b.peer is not None else script_names()
         apply_us = 0
         longest: list[tuple[int, str]] = []
         for entry in entries:
