@@ -60,8 +60,10 @@ class BullmqPeer:
         except (OSError, subprocess.TimeoutExpired) as exc:
             return None, f"BullMQ peer skipped: `npm ci` failed ({exc!r})"
         if done.returncode != 0:
-            last = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["?"]
-            return None, f"BullMQ peer skipped: `npm ci` in bench/peers/bullmq exited {done.returncode}: {last[0][:200]}"
+            lines = [x.strip() for x in (done.stderr + done.stdout).splitlines() if x.strip()]
+            useful = [x for x in lines if x.startswith("npm error") and "complete log" not in x] or lines or ["?"]
+            return None, (f"BullMQ peer skipped: `npm ci` in bench/peers/bullmq exited {done.returncode} "
+                          f"({'; '.join(useful[:2])[:200]}); the npm registry must be reachable")
         lock = json.loads((PEER_DIR / "package-lock.json").read_text())
         packages = lock.get("packages", {})
         versions = ", ".join(
