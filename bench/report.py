@@ -85,6 +85,10 @@ class Results:
             self.order.append(key)
         return self.rows[key]
 
+    def ordered(self) -> list[tuple[str, str]]:
+        """Rows by scenario number (1. drain ... 4. message size), each scenario's rows in insertion order."""
+        return sorted(self.order, key=lambda key: key[0].split(".", 1)[0])
+
     def table(self, markdown: bool, with_targets: bool = True) -> str:
         header = [
             "scenario", "measure", "Importer (median, min–max)", "BullMQ peer (median, min–max)", "Importer ÷ peer",
@@ -93,7 +97,7 @@ class Results:
         if with_targets:
             header.append("target (issue 12): met/missed")
         lines: list[list[str]] = []
-        for key in self.order:
+        for key in self.ordered():
             r = self.rows[key]
             peer = fmt_cell(r.peer, r.unit, r.decimals) if r.peer else (r.peer_note or "—")
             base = fmt_cell(r.base, r.unit, r.decimals)
@@ -123,7 +127,7 @@ class Results:
     def summary(self) -> list[tuple[str, str, str, str]]:
         """(measure, Importer, peer, Importer ÷ peer) of the rows that have both figures."""
         out = []
-        for key in self.order:
+        for key in self.ordered():
             r = self.rows[key]
             if r.imp and r.peer:
                 out.append((f"{r.scenario}: {r.measure}", fmt_num(median(r.imp), r.unit, r.decimals),
