@@ -80,7 +80,7 @@ def setup(b: Bench, which: str, n: int, tag: str) -> Setup:
         keys = Keys(prefix)
         preenqueue_importer(b.url, env, n, tag, csv_3rows)
         return Setup(
-            queue_key=f"{prefix}dramatiq:{QUEUE}", argv=b.importer_argv("worker", *b.worker_args()), env=env,
+            queue_key=f"{keys.dramatiq}:{QUEUE}", argv=b.importer_argv("worker", *b.worker_args()), env=env,
             probe=[("ZCARD", keys.completed), ("ZCARD", keys.failed)],
             done=lambda v: v[0] >= n, bad=lambda v: f"{v[1]} job(s) failed" if v[1] else "",
             enqueue_s=time.monotonic() - t, prefix=prefix,

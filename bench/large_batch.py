@@ -78,7 +78,7 @@ def start_importer(b: Bench, batch_id: str, started: list[Proc]) -> Subject:
     started.append(serve)
     worker = b.procs.spawn("importer-worker", b.importer_argv("worker", *b.worker_args()), env)
     started.append(worker)
-    b.wait_worker_ready(worker, f"{prefix}dramatiq")
+    b.wait_worker_ready(worker, Keys(prefix).dramatiq)
     time.sleep(0.5)  # let boot settle (sweeper thread, first fetch loop)
     http_kids, worker_kids = children(serve.popen.pid), children(worker.popen.pid)
     if not http_kids or not worker_kids:

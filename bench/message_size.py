@@ -21,7 +21,7 @@ def importer_sizes(b: Bench, rows: int) -> tuple[dict[str, int], dict[str, str]]
     prefix = new_prefix("size")
     producer = ImporterProducer(b.url, b.importer_env(prefix))
     client = producer.client
-    msgs_key = f"{prefix}dramatiq:{QUEUE}.msgs"
+    msgs_key = f"{Keys(prefix).dramatiq}:{QUEUE}.msgs"
     sizes: dict[str, int] = {}
     samples: dict[str, str] = {}
     try:
