@@ -49,5 +49,10 @@ openapi: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
 
+# A check that the bench runs (1 repetition, fewer imports, ~1-2 min); its figures are not for RESULTS.md.
+.PHONY: bench-quick
+bench-quick: $(STAMP)
+	$(BIN)/python bench/run.py --quick
+
 clean:
 	rm -rf $(VENV) .importer-data .pytest_cache .hypothesis test-artifacts
