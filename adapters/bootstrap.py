@@ -30,7 +30,7 @@ from importer.adapters.queue import (
     build_broker,
     declare_import_actor,
 )
-from importer.adapters.redis_store import RedisStore, StoreUnavailable
+from importer.adapters.redis_store import ImporterRedis, RedisStore, StoreUnavailable
 from importer.adapters.settings import Settings, SettingsError
 from importer.domain.ports import AttemptStore, MessageSender
 from importer.handlers.api import Api
@@ -62,7 +62,7 @@ def redis_client(settings: Settings) -> redis.Redis:
     if not settings.redis_url:
         raise SettingsError("IMPORTER_REDIS_URL is not set (only `importer dev` starts an embedded server)")
     timeout = settings.redis_socket_timeout_s
-    return redis.Redis.from_url(
+    return ImporterRedis.from_url(
         settings.redis_url,
         socket_timeout=timeout,
         socket_connect_timeout=min(timeout, 5.0),

@@ -54,7 +54,8 @@ def unavailable(exc: BaseException) -> StoreUnavailable | None:
     if isinstance(exc, StoreUnavailable):
         return exc
     # BusyLoadingError is a ConnectionError in redis-py: test the refusals first.
-    if isinstance(exc, (redis.exceptions.OutOfMemoryError, redis.exceptions.BusyLoadingError, redis.exceptions.ReadOnlyError)):
+    if isinstance(exc, (RedisRefusesWrites, redis.exceptions.OutOfMemoryError, redis.exceptions.BusyLoadingError,
+                        redis.exceptions.ReadOnlyError)):
         return StoreUnavailable(type(exc).__name__, "redis_refuses_writes")
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError)):
         return StoreUnavailable(type(exc).__name__)
@@ -65,6 +66,30 @@ def unavailable(exc: BaseException) -> StoreUnavailable | None:
         if first in _REFUSING or "OOM command not allowed" in text or "MASTERDOWN" in text:
             return StoreUnavailable(first, "redis_refuses_writes")
     return None
+
+
+class RedisRefusesWrites(redis.ConnectionError):
+    """A Redis that answers but refuses the command (OOM, BUSY, READONLY...), as a ConnectionError.
+
+    dramatiq's consumer thread survives a ConnectionError (it reconnects a
+    second later) but dies on any other Redis error raised while it cleans up:
+    after an OOM episode a worker silently stopped fetching for good (seen in
+    tests/faults, test_redis_full_then_freed). Raised by :class:`ImporterRedis`.
+    """
+
+
+class ImporterRedis(redis.Redis):
+    """The client of the store and of dramatiq's Redis broker: a sick server's refusals are ConnectionErrors."""
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        # Outside redis-py's retry wrapper on purpose: a refused command is not retried here.
+        try:
+            return super().execute_command(*args, **options)
+        except redis.ResponseError as exc:
+            translated = unavailable(exc)
+            if translated is not None and translated.reason == "redis_refuses_writes":
+                raise RedisRefusesWrites(str(exc)) from exc
+            raise
 
 
 @contextmanager

@@ -27,4 +27,7 @@ def lua_source(name: str) -> str:
     folder = resources.files("importer.adapters") / "lua"
     common = (folder / "common.lua").read_text(encoding="utf-8")
     body = (folder / f"{name}.lua").read_text(encoding="utf-8")
-    return f"{_constants()}\n{common}\n{body}"
+    # The shebang makes Redis (>= 7) check for out-of-memory before the
+    # script runs, not at its first write command: a script that had already
+    # written (a DEL, an HDEL) must never stop half-way on OOM.
+    return f"#!lua\n{_constants()}\n{common}\n{body}"

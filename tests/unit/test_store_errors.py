@@ -40,3 +40,26 @@ def test_a_bug_is_not_unavailable(error: Exception) -> None:
     with pytest.raises(redis.ResponseError):
         with store_errors():
             raise error
+
+
+def test_the_client_raises_a_refusal_as_a_connection_error_so_dramatiq_survives_it() -> None:
+    import redis
+
+    from importer.adapters.redis_store import ImporterRedis, RedisRefusesWrites, unavailable
+
+    class Refusing(ImporterRedis):
+        def _execute_command(self, *args: object, **options: object) -> object:
+            raise redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")
+
+    class Broken(ImporterRedis):
+        def _execute_command(self, *args: object, **options: object) -> object:
+            raise redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value")
+
+    with pytest.raises(RedisRefusesWrites) as refused:
+        Refusing().execute_command("SET", "k", "v")
+    with pytest.raises(redis.ResponseError) as bug:
+        Broken().execute_command("SET", "k", "v")
+
+    assert isinstance(refused.value, redis.ConnectionError)  # what dramatiq's consumer handles
+    assert unavailable(refused.value) is not None and unavailable(refused.value).reason == "redis_refuses_writes"  # type: ignore[union-attr]
+    assert not isinstance(bug.value, redis.ConnectionError)
