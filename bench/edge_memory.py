@@ -6,7 +6,7 @@ other owners during large uploads. A script, not a timed test.
 
 1. peak RSS: a fresh ``importer serve --workers 1 --threads 4`` per shape;
    one POST of a maximal upload (IMPORTER_MAX_UPLOAD_BYTES, 10 MiB) shaped as
-   commas, newlines or one long line; the gunicorn worker's VmHWM (from
+   commas, newlines or one long line; the server worker's VmHWM (from
    /proc/<pid>/status) over its idle VmRSS, and its VmRSS 2 s later;
 2. owner B's ``GET /api/imports/{id}`` latencies (p50/p90/p99/max; B runs in
    its own process, one GET every ~2 ms) on ``importer serve`` with its
@@ -263,7 +263,7 @@ def main() -> int:
     try:
         print(f"importer: {args.importer} {' '.join(args.env)}")
         if "rss" in args.only:
-            print("peak RSS of the gunicorn worker, one 10 MiB text/csv POST (MiB: idle -> peak (+over idle), 2 s later; status)")
+            print("peak RSS of the HTTP worker process (`importer serve`), one 10 MiB text/csv POST (MiB: idle -> peak (+over idle), 2 s later; status)")
             for shape in SHAPES:
                 for _ in range(args.repeat):
                     idle, peak, after, status = peak_rss(args.importer, redis_url, shape, key_a)
