@@ -31,7 +31,7 @@ from typing import Any
 
 import dramatiq
 import redis
-from dramatiq.brokers.redis import RedisBroker
+from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
 from dramatiq.middleware import CurrentMessage, Middleware, Retries, ShutdownNotifications, TimeLimit
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
@@ -83,7 +83,7 @@ def build_broker(
         from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
         return RabbitmqBroker(url=_with_amqp_timeouts(url), confirm_delivery=True, middleware=middleware)
-    return RedisBroker(
+    return ImporterRedisBroker(
         client=client if not url else None,
         url=url,
         namespace=Keys(settings.key_prefix).dramatiq,
@@ -92,6 +92,33 @@ def build_broker(
         maintenance_chance=settings.maintenance_chance,
         dead_message_ttl=86_400_000,
     )
+
+
+class _SafeRequeueConsumer(_RedisConsumer):
+    """dramatiq's Redis consumer, whose requeue never raises.
+
+    When a fetch fails for anything but a ConnectionError (a timeout, a full
+    Redis), dramatiq's consumer thread closes the consumer, which requeues its
+    prefetched messages; when that fails too, the exception escapes the
+    thread and the thread is gone for good: this process never consumes that
+    queue again (fault suite, Redis full). Here the failed requeue is logged
+    and the messages stay in this worker's acks set, where the reconciler
+    covers them (deadlines; stranded acks of finished jobs dropped).
+    """
+
+    def requeue(self, messages: Any) -> None:
+        try:
+            super().requeue(messages)
+        except redis.RedisError as exc:
+            log_event(log, "worker.requeue_failed", logging.WARNING, queue=self.queue_name, error=type(exc).__name__)
+
+
+class ImporterRedisBroker(RedisBroker):
+    """dramatiq's Redis broker with :class:`_SafeRequeueConsumer`."""
+
+    @property
+    def consumer_class(self) -> Any:
+        return _SafeRequeueConsumer
 
 
 def _with_amqp_timeouts(url: str) -> str:
