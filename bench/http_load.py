@@ -1,5 +1,5 @@
 """2. HTTP enqueue: wrk POSTing unique 3-row batches to ``importer serve``, to the BullMQ peer's server and
-to a bare WSGI app under the same gunicorn settings. The bench never installs wrk: it says what is missing."""
+to a bare WSGI app under the same server (granian or gunicorn) and settings. The bench never installs wrk: it says what is missing."""
 
 from __future__ import annotations
 
@@ -97,10 +97,11 @@ def jobs_created(b: Bench, which: str, prefix: str) -> str:
 def scenario_http(b: Bench) -> None:
     c = b.cfg
     res = b.results
-    label = f"wrk -t2 -c32 {c.duration}s; Importer gunicorn {c.http_workers}w×{c.http_threads}t, peer one node process"
-    rps = res.row("2. HTTP enqueue", f"req/s ({label})", "/s", base_label="bare WSGI app", target=peer_at_least(0.4))
-    p50 = res.row("2. HTTP enqueue", "latency p50", "ms", base_label="bare WSGI app")
-    p99 = res.row("2. HTTP enqueue", "latency p99", "ms", base_label="bare WSGI app", target=peer_at_most(2))
+    label = f"wrk -t2 -c32 {c.duration}s; Importer {c.http_server} {c.http_workers}w×{c.http_threads}t, peer one node process"
+    bare = f"bare WSGI app, {c.http_server}"
+    rps = res.row("2. HTTP enqueue", f"req/s ({label})", "/s", base_label=bare, target=peer_at_least(0.4))
+    p50 = res.row("2. HTTP enqueue", "latency p50", "ms", base_label=bare)
+    p99 = res.row("2. HTTP enqueue", "latency p99", "ms", base_label=bare, target=peer_at_most(2))
     b.wrk = find_wrk(b)
     if not b.wrk:
         for r in (rps, p50, p99):
@@ -151,7 +152,7 @@ def scenario_http(b: Bench) -> None:
             res.details.append(f"HTTP rep {rep + 1} {msg}")
             if imbalance > 0.7:
                 res.notes.append(
-                    f"HTTP {which} rep {rep + 1}: one gunicorn worker did {imbalance * 100:.0f}% of the work "
+                    f"HTTP {which} rep {rep + 1}: one HTTP worker process did {imbalance * 100:.0f}% of the work "
                     f"(CPU s per worker {split}): wrk's 32 keep-alive connections were spread unevenly over "
                     "the workers, so this run measures mostly one process"
                 )

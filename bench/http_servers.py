@@ -38,8 +38,9 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
 
-from bench.run import parse_wrk  # noqa: E402
 from importer.handlers.auth import hash_key  # noqa: E402
+
+from bench.run import parse_wrk  # noqa: E402
 
 API_KEY = "imp_bench_" + "k" * 32
 

@@ -33,8 +33,9 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.run import parse_wrk  # noqa: E402
 from importer.handlers.auth import hash_key  # noqa: E402
+
+from bench.run import parse_wrk  # noqa: E402
 
 API_KEY = "imp_profile_" + "p" * 32
 

@@ -71,8 +71,10 @@ def parse_args(argv: list[str]) -> Config:
     p.add_argument("--threads", type=int, default=8, help="worker threads (importer worker / dramatiq -t)")
     p.add_argument("--prefetch", type=int, default=64, help="messages prefetched per worker process (0: dramatiq's 2 x threads)")
     p.add_argument("--peer-concurrency", type=int, default=16, help="the peer's Worker concurrency (the seed's 16)")
-    p.add_argument("--http-workers", type=int, default=2, help="gunicorn workers (importer serve and the bare app)")
-    p.add_argument("--http-threads", type=int, default=4, help="gunicorn threads per worker")
+    p.add_argument("--http-server", choices=("granian", "gunicorn"), default=None,
+                   help="server of importer serve and the bare app (default: IMPORTER_HTTP_SERVER, else granian, as importer serve)")
+    p.add_argument("--http-workers", type=int, default=2, help="HTTP worker processes (importer serve and the bare app)")
+    p.add_argument("--http-threads", type=int, default=4, help="threads per HTTP worker process")
     p.add_argument("--duration", type=int, default=None, help="seconds of wrk per run (default 10, --quick 3)")
     p.add_argument("--drain-n", type=str, default=None, help="comma-separated N for the drain (default 20000; --quick 2000)")
     p.add_argument("--rows", type=int, default=None, help="rows of the large batch (default 100,000; --quick 20,000)")
@@ -89,6 +91,7 @@ def parse_args(argv: list[str]) -> Config:
         duration=a.duration if a.duration is not None else (3 if a.quick else 10), rows=rows,
         accounting_n=300 if a.quick else 1000, only={s.strip() for s in a.only.split(",") if s.strip()},
         peer=not a.no_peer, peer_concurrency=a.peer_concurrency,
+        http_server=a.http_server or os.environ.get("IMPORTER_HTTP_SERVER") or "granian",
     )
 
 

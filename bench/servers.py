@@ -38,6 +38,7 @@ class Config:
     only: set[str]
     peer: bool = True
     peer_concurrency: int = 16
+    http_server: str = "granian"
 
 
 class Bench:
@@ -159,25 +160,34 @@ class Bench:
         raise BenchError(f"{proc.name} not healthy after {timeout:.0f} s")
 
     def start_serve(self, env: dict[str, str]) -> tuple[Proc, int]:
+        """``importer serve`` with the bench's server, workers and threads (the product's defaults)."""
         port = free_port()
         argv = self.importer_argv(
-            "serve", "--bind", f"127.0.0.1:{port}", "--workers", str(self.cfg.http_workers),
-            "--threads", str(self.cfg.http_threads),
+            "serve", "--bind", f"127.0.0.1:{port}", "--server", self.cfg.http_server,
+            "--workers", str(self.cfg.http_workers), "--threads", str(self.cfg.http_threads),
         )
         proc = self.procs.spawn("importer-serve", argv, env)
         self.wait_http(proc, port, "/health")
         return proc, port
 
     def start_bare(self) -> tuple[Proc, int]:
+        """bench/bare_app.py under the same server, workers and threads as ``importer serve``."""
         port = free_port()
-        threads = self.cfg.http_threads
-        argv = [
-            str(BIN / "gunicorn"), "bench.bare_app:app", "--bind", f"127.0.0.1:{port}",
-            "--workers", str(self.cfg.http_workers), "--threads", str(threads),
-            "--worker-class", "gthread" if threads > 1 else "sync",
-            "--timeout", "30", "--graceful-timeout", "30", "--log-level", "warning", "--chdir", str(ROOT),
-        ]
-        proc = self.procs.spawn("bare-gunicorn", argv, dict(self.base_env))
+        c = self.cfg
+        if c.http_server == "granian":
+            argv = [
+                str(BIN / "granian"), "--interface", "wsgi", "--host", "127.0.0.1", "--port", str(port),
+                "--workers", str(c.http_workers), "--blocking-threads", str(c.http_threads),
+                "--log-level", "warning", "--working-dir", str(ROOT), "bench.bare_app:app",
+            ]
+        else:
+            argv = [
+                str(BIN / "gunicorn"), "bench.bare_app:app", "--bind", f"127.0.0.1:{port}",
+                "--workers", str(c.http_workers), "--threads", str(c.http_threads),
+                "--worker-class", "gthread" if c.http_threads > 1 else "sync",
+                "--timeout", "30", "--graceful-timeout", "30", "--log-level", "warning", "--chdir", str(ROOT),
+            ]
+        proc = self.procs.spawn(f"bare-{c.http_server}", argv, dict(self.base_env))
         self.wait_http(proc, port, "/", ok=(202,))
         return proc, port
 
