@@ -72,17 +72,23 @@ def follow(url: str, key: str, job_id: str, *, timeout: float, interval: float =
     last = None
     view: dict[str, Any] = {"state": "waiting", "attempt": 0, "progress": None}
 
-    def show(event: dict[str, Any]) -> None:
-        nonlocal view, last
-        view = apply_event(view, event)
-        progress = view.get("progress") or {}
-        line = f"{view['state']:<9} phase={progress.get('phase', '-')} rows={progress.get('rows', '-')} attempt={view['attempt']}"
+    def report(job: dict[str, Any]) -> float:
+        """Print the job's line (once per change, or in place on a TTY); returns the seconds elapsed."""
+        nonlocal last
+        progress = job.get("progress") or {}
+        line = f"{job['state']:<9} phase={progress.get('phase', '-')} rows={progress.get('rows', '-')} attempt={job['attempt']}"
         elapsed = time.monotonic() - started
         if live:
             print(f"\r{line} elapsed={elapsed:.1f}s", end="", flush=True)
         elif line != last:
             print(f"{line} elapsed={elapsed:.1f}s", flush=True)
         last = line
+        return elapsed
+
+    def show(event: dict[str, Any]) -> None:
+        nonlocal view
+        view = apply_event(view, event)
+        report(view)
 
     outcome = follow_stream(url, key, job_id, deadline=started + timeout, on_event=show)
     if outcome == "timeout":
@@ -94,17 +100,7 @@ def follow(url: str, key: str, job_id: str, *, timeout: float, interval: float =
         if status != 200:
             print(("\n" if live else "") + f"error: {_describe_problem(status, record)}", file=sys.stderr)
             return 1
-        progress = record.get("progress") or {}
-        line = (
-            f"{record['state']:<9} phase={progress.get('phase', '-')} rows={progress.get('rows', '-')} "
-            f"attempt={record['attempt']}"
-        )
-        elapsed = time.monotonic() - started
-        if live:
-            print(f"\r{line} elapsed={elapsed:.1f}s", end="", flush=True)
-        elif line != last:
-            print(f"{line} elapsed={elapsed:.1f}s", flush=True)
-        last = line
+        elapsed = report(record)
         if record["state"] in FINISHED_STATES:
             if live:
                 print()
