@@ -8,10 +8,12 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run demo test test-browser unit integration faults openapi bench clean
 
+# The installer's own chatter goes to $(VENV)/install.log, shown only when it fails.
 $(STAMP): pyproject.toml
+	@echo "installing into $(VENV) (log: $(VENV)/install.log)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	@$(BIN)/pip install --quiet --upgrade pip > $(VENV)/install.log 2>&1 || (cat $(VENV)/install.log; exit 1)
+	@$(BIN)/pip install --quiet -e '.[test]' >> $(VENV)/install.log 2>&1 || (cat $(VENV)/install.log; exit 1)
 	touch $(STAMP)
 
 run: $(STAMP)
