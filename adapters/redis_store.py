@@ -420,13 +420,14 @@ class RedisStore:
         self, *, job_id: str, upload_id: str, attempt: int, batch_id: str, owner: str, shipment: Shipment,
         token: str = "",
     ) -> ApplyResult:
-        """Record progress 'validated' and run the apply script, in one round trip.
+        """Record progress 'validated' and apply, in one script call (apply.lua).
 
         Both take effect only while the job is active under this attempt's
         fencing token (``stale`` otherwise: a newer attempt holds the job).
 
-        The progress write is a real milestone (validation finished before this
-        call); pipelining it with the apply saves a round trip per import.
+        The progress event is a real milestone (validation finished before this
+        call); apply.lua emits it before 'committed', so one round trip and one
+        script call per import.
         """
         k, s = self.keys, self.settings
         progress = json.dumps({"phase": "validated", "rows": shipment.row_count}, separators=(",", ":"))
@@ -435,16 +436,13 @@ class RedisStore:
         args += [
             batch_id, shipment.content_sha256, owner, attempt, MAX_STOCK,
             k.completed_of(""), s.keep_completed_age_s * 1000, s.keep_completed_count,
-            _error_json("batch.conflict"), _error_json("stock.overflow"), token,
+            _error_json("batch.conflict"), _error_json("stock.overflow"), token, progress,
         ]
         for row in shipment.rows:
             args.append(row.sku)
             args.append(row.quantity)
         with _translate():
-            _, reply = self._pipelined([
-                ("progress", [k.job(job_id), k.events], [job_id, self._now(), progress, attempt, s.events_maxlen, token]),
-                ("apply", keys, args),
-            ])
+            (reply,) = self._pipelined([("apply", keys, args)])
         kind = _s(reply[0])
         if kind in ("applied", "replayed"):
             return ApplyResult(kind, json.loads(reply[1]))

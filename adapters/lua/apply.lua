@@ -10,7 +10,13 @@
 -- ARGV[17] public error JSON for a conflict  ARGV[18] ... for an overflow
 -- ARGV[19] the attempt's fencing token (start.lua): the apply and the job's
 --          completion take effect only while the job is active under it
--- ARGV[20] onwards: sku, quantity pairs (validated by domain/shipment.py)
+-- ARGV[20] the progress JSON of the 'validated' milestone ({"phase":"validated","rows":n})
+-- ARGV[21] onwards: sku, quantity pairs (validated by domain/shipment.py)
+--
+-- Once the fencing check passes, the 'validated' milestone (validation
+-- finished in the worker before this call) is emitted first, as its own
+-- progress event, then 'committed' and 'completed' (or 'failed'): the events
+-- the observer expects, in one script call instead of two.
 --
 -- The rule is domain/stock.py's apply_shipment:
 --   done marker with the same hash -> replay: stored result, replay=true, no change
@@ -31,16 +37,20 @@ local step = job_step()
 local job_key, job_id, now = step.key, step.id, step.now
 local batch_id, sha, owner, attempt = ARGV[9], ARGV[10], ARGV[11], ARGV[12]
 local max_stock = tonumber(ARGV[13])
-local first_pair = 20
+local first_pair = 21
+local validated = ARGV[20]
 local rows = (#ARGV - first_pair + 1) / 2
 
-local state, token = unpack(redis.call('HMGET', job_key, 'state', 'token'))
+local state, token, attempt_started = unpack(redis.call('HMGET', job_key, 'state', 'token', 'attemptStartedAt'))
+step.attempt_started = attempt_started
 if not state then return {'missing'} end
 if is_finished(state) then return {'finished', state} end
 if state ~= 'active' or (token or '') ~= ARGV[19] then return {'stale', state} end
 redis.call('ZREM', KEYS[12], job_id)
+emit(step.events, step.maxlen, 'progress', job_id, batch_id, attempt, validated)
 
 local function fail(error_json, diagnostic)
+  redis.call('HSET', job_key, 'progress', validated)
   mark_failed(step, batch_id, owner, attempt, error_json, diagnostic)
 end
 

@@ -32,7 +32,7 @@
 --   P:reconciler:lock       string  one reconciler pass at a time (expires)
 --   P:health                string  /health's write probe (expires)
 --
--- Time: enqueue.lua and progress.lua use the caller's clock (createdAt,
+-- Time: enqueue.lua uses the caller's clock (createdAt,
 -- rate-limit window); start, apply and fail use the server's (server_ms), so
 -- that an attempt's timestamps and duration are measured by one clock.
 --
@@ -138,9 +138,10 @@ end
 
 -- One observation of an attempt's duration (its attemptStartedAt -> now), as
 -- a Prometheus histogram: the smallest bucket it fits, made cumulative at
--- scrape. Nothing when no attempt ever started.
+-- scrape. Nothing when no attempt ever started. (A script that already read
+-- the record's attemptStartedAt passes it as step.attempt_started.)
 local function observe_duration(step)
-  local started = redis.call('HGET', step.key, 'attemptStartedAt')
+  local started = step.attempt_started or redis.call('HGET', step.key, 'attemptStartedAt')
   if not started then return end
   local ms = step.now - tonumber(started)
   local bucket = '+Inf'

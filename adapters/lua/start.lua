@@ -23,7 +23,7 @@
 
 local step = job_step()
 local upload_id, max_attempts = ARGV[9], tonumber(ARGV[10])
-local rec = redis.call('HMGET', step.key, 'state', 'uploadId', 'batchId', 'owner', 'contentSha256')
+local rec = redis.call('HMGET', step.key, 'state', 'uploadId', 'batchId', 'owner', 'contentSha256', 'startedAt')
 local state = rec[1]
 if not state then return {'missing'} end
 if rec[2] ~= upload_id then return {'stale'} end
@@ -58,7 +58,7 @@ local token = tostring(redis.call('INCR', KEYS[10]))
 local cap = now + tonumber(ARGV[13])
 local fields = {'state', 'active', 'updatedAt', now, 'progress', '', 'attemptStartedAt', now,
   'token', token, 'leaseCap', cap}
-if redis.call('HEXISTS', step.key, 'startedAt') == 0 then
+if not rec[6] then
   fields[#fields + 1] = 'startedAt'
   fields[#fields + 1] = now
 end
