@@ -47,5 +47,7 @@ def log_event(
     logger: logging.Logger, event: str, level: int = logging.INFO, *, exc_info: Any = None, **fields: Any
 ) -> None:
     """Log a named event with structured fields (jobId, batchId, owner, ...)."""
+    if not logger.isEnabledFor(level):  # e.g. the worker's per-import DEBUG lines at INFO
+        return
     safe = {(f"{k}_" if k in _RESERVED else k): v for k, v in fields.items()}
     logger.log(level, event, exc_info=exc_info, extra={"event": event, **safe})
