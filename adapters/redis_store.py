@@ -22,6 +22,7 @@ from importer.adapters.settings import Settings
 from importer.domain.errors import PublicError
 from importer.domain.jobs import JobRecord, JobState, ShipmentRecord
 from importer.domain.ports import ApplyResult, EnqueueOutcome, StartedAttempt, StartOutcome
+from importer.domain.receipt import StoredReceipt
 from importer.domain.shipment import Shipment
 from importer.domain.stock import MAX_STOCK
 
@@ -143,6 +144,10 @@ class Keys:
 
     def done(self, batch_id: str) -> str:
         return f"{self.prefix}done:{batch_id}"
+
+    def receipt(self, batch_id: str) -> str:
+        """string: what the batch's application changed ('sku,before,after\\n' per row), kept with the done marker."""
+        return f"{self.prefix}receipt:{batch_id}"
 
     def owner_jobs(self, owner: str) -> str:
         """zset jobId -> createdAt: one owner's job records (GET /api/imports)."""
@@ -432,7 +437,10 @@ class RedisStore:
         k, s = self.keys, self.settings
         progress = json.dumps({"phase": "validated", "rows": shipment.row_count}, separators=(",", ":"))
         keys, args = self._job_step(job_id)
-        keys += [k.stock, k.generation, k.done(batch_id), k.journal, k.completed, k.upload(upload_id), k.deadline]
+        keys += [
+            k.stock, k.generation, k.done(batch_id), k.journal, k.completed, k.upload(upload_id), k.deadline,
+            k.receipt(batch_id),
+        ]
         args += [
             batch_id, shipment.content_sha256, owner, attempt, MAX_STOCK,
             k.completed_of(""), s.keep_completed_age_s * 1000, s.keep_completed_count,
@@ -485,6 +493,23 @@ class RedisStore:
         """The done marker, or None when the batch was never applied or is another owner's."""
         raw = self._owned(self.keys.done(batch_id), owner)
         return _shipment_record(raw) if raw else None
+
+    def get_owned_receipt(self, batch_id: str, owner: str, head_bytes: int) -> StoredReceipt | None:
+        """The batch's receipt with its done marker and first ``head_bytes`` bytes, or None when the
+        batch was never applied or is another owner's (read_receipt.lua: the same work for both)."""
+        k = self.keys
+        with _translate():
+            reply = self._scripts["read_receipt"](keys=[k.done(batch_id), k.receipt(batch_id)], args=[owner, max(1, head_bytes)])
+        if not reply:
+            return None
+        flat, size, head = reply
+        return StoredReceipt(_shipment_record(dict(zip(flat[::2], flat[1::2]))), int(size), bytes(head))
+
+    def read_receipt(self, batch_id: str, start: int, length: int) -> bytes:
+        """Bytes ``start`` to ``start + length`` of a receipt (GETRANGE), after get_owned_receipt
+        answered it for its owner: a receipt is written once with its done marker and never rewritten."""
+        with _translate():
+            return bytes(self.client.getrange(self.keys.receipt(batch_id), start, start + length - 1))
 
     def get_job(self, job_id: str) -> JobRecord | None:
         """Whoever owns it: for operators (``importer inspect``). The API reads get_owned_job."""

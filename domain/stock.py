@@ -9,7 +9,9 @@ Rule (README, "Exactly once"):
    hash -> a conflict that changes nothing.
 2. Otherwise check every row first: no SKU may go above MAX_STOCK.
 3. Then add every quantity, bump the generation, write the done marker and
-   append to the journal. All rows or none.
+   its receipt (every row's stock before and after, domain/receipt.py) and
+   append to the journal. All rows or none. A replay returns the stored
+   receipt of the original application, never a recomputed one.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from importer.domain.receipt import ReceiptLine
 from importer.domain.shipment import Shipment
 
 #: Upper bound of units per SKU. Far below 2**53 so that Lua's double
@@ -47,6 +50,8 @@ class DoneMarker:
     owner: str
     applied_at_ms: int
     job_id: str
+    #: What the application changed, in the file's row order (kept with the marker, forever).
+    receipt: tuple[ReceiptLine, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,8 @@ class ApplyOutcome:
     kind: Outcome
     result: ImportResult | None = None
     overflow_sku: str | None = None
+    #: applied: what this application changed; replayed: the original application's receipt.
+    receipt: tuple[ReceiptLine, ...] | None = None
 
 
 def apply_shipment(
@@ -82,17 +89,20 @@ def apply_shipment(
     if marker is not None:
         if marker.content_sha256 != sha:
             return state, ApplyOutcome("conflict")
-        return state, ApplyOutcome("replayed", replace(marker.result, replay=True))
+        return state, ApplyOutcome("replayed", replace(marker.result, replay=True), receipt=marker.receipt)
 
     for row in shipment.rows:
         if state.stock.get(row.sku, 0) + row.quantity > MAX_STOCK:
             return state, ApplyOutcome("overflow", overflow_sku=row.sku)
 
     stock = dict(state.stock)
+    receipt = []
     for row in shipment.rows:
-        stock[row.sku] = stock.get(row.sku, 0) + row.quantity
+        before = stock.get(row.sku, 0)
+        stock[row.sku] = before + row.quantity
+        receipt.append(ReceiptLine(row.sku, before, before + row.quantity))
     result = ImportResult(imported=shipment.row_count, batch_id=batch_id)
     done = dict(state.done)
-    done[batch_id] = DoneMarker(batch_id, sha, result, owner, now_ms, job_id)
+    done[batch_id] = DoneMarker(batch_id, sha, result, owner, now_ms, job_id, tuple(receipt))
     new_state = StockState(stock, state.generation + 1, done, state.journal + (batch_id,))
-    return new_state, ApplyOutcome("applied", result)
+    return new_state, ApplyOutcome("applied", result, receipt=tuple(receipt))

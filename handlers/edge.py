@@ -174,7 +174,7 @@ def finish(method: str, response: Response, request_id: str) -> Response:
     if method == "HEAD":
         if response.stream is not None:
             response.stream.close()  # a stream's length is unknown: no Content-Length
-            return Response(response.status, b"", headers, stream=_NoBody())
+            return Response(response.status, b"", headers, stream=_NoBody(), download=response.download)
         return Response(response.status, b"", headers + (("Content-Length", str(len(response.body))),))
     return replace(response, headers=headers)
 

@@ -60,6 +60,9 @@ class Response:
     headers: tuple[tuple[str, str], ...] = ()
     #: When set, the body is this stream (sent without Content-Length) and body is unused.
     stream: BodyStream | None = None
+    #: The stream is a download that ends by itself (a receipt), not a live one (events):
+    #: a transport that cannot stream may collect it and send it whole.
+    download: bool = False
 
 
 def json_response(status: int, payload: Any, headers: tuple[tuple[str, str], ...] = ()) -> Response:

@@ -28,6 +28,7 @@ _SCHEMAS = {
     "JobList": schemas.JobListSchema,
     "JobEvent": schemas.JobEventSchema,
     "Shipment": schemas.ShipmentSchema,
+    "Receipt": schemas.ReceiptSchema,
     "Health": schemas.HealthSchema,
     "Problem": schemas.ProblemSchema,
 }

@@ -21,7 +21,9 @@ HTTP_STATUS: dict[str, int] = {
     "request.not_found": 404,
     "job.not_found": 404,
     "shipment.not_found": 404,
+    "receipt.not_recorded": 404,
     "request.method_not_allowed": 405,
+    "request.not_acceptable": 406,
     "batch.conflict": 409,
     "request.too_large": 413,
     "request.unsupported_media_type": 415,
@@ -29,6 +31,7 @@ HTTP_STATUS: dict[str, int] = {
     "request.rate_limited": 429,
     "internal": 500,
     "request.stream_unsupported": 501,
+    "response.too_large": 501,
     "service.unavailable": 503,
     "service.busy": 503,
 }

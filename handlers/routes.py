@@ -15,7 +15,7 @@ from typing import Any
 from importer.domain.errors import DomainError
 from importer.domain.shipment import BATCH_ID_PATTERN
 from importer.handlers import api as h
-from importer.handlers import console, my_imports
+from importer.handlers import console, my_imports, receipts
 from importer.handlers.auth import KeyRing, bearer_token
 from importer.handlers.http import Request, Response, internal_error, problem, problem_of
 from importer.handlers.problems import ApiError, api_error_for
@@ -171,6 +171,34 @@ ROUTES: tuple[Route, ...] = (
             "200": {"description": "The batch was applied.", "content": {"application/json": {"schema": "Shipment"}}},
         },
     }, errors=(*_API_ERRORS, "shipment.not_found"), error_notes={"shipment.not_found": "The batch was never applied"}),
+    Route("GET", "/api/shipments/{batchId}/receipt", receipts.get_receipt, {
+        "operationId": "getShipmentReceipt",
+        "summary": "What one of your applied batches changed: each SKU's stock before and after",
+        "description": (
+            "The receipt written by the apply script in the same atomic step as the stock change: one item per "
+            "row of the file, in the file's order, with the SKU's units on hand just before and just after. "
+            "Kept with the done marker, forever (job retention never removes it). Sending the batch again (a "
+            "replay) never rewrites it: every read answers the same bytes. JSON by default; `Accept: text/csv` "
+            "gives CSV (`sku,before,after`); any other explicit Accept gets 406 request.not_acceptable. "
+            "Large receipts are streamed (no Content-Length)."
+        ),
+        "parameters": [{"name": "batchId", "in": "path", "required": True, "schema": {"type": "string"}}],
+        "responses": {
+            "200": {
+                "description": "The receipt.",
+                "headers": {"Vary": {"description": "Accept: the answer depends on it.", "schema": {"type": "string"}}},
+                "content": {
+                    "application/json": {"schema": "Receipt"},
+                    "text/csv": {"schema": {"type": "string"}, "example": "sku,before,after\nWIDGET-RED-01,0,10\n"},
+                },
+            },
+        },
+    }, errors=(*_API_ERRORS, "shipment.not_found", "receipt.not_recorded", "request.not_acceptable", "response.too_large"),
+    error_notes={
+        "shipment.not_found": "The batch was never applied, or is another producer's: the same answer as GET /api/shipments/{batchId}",
+        "receipt.not_recorded": "The batch was applied before receipts were recorded",
+        "response.too_large": "Serverless deployments only: the receipt is larger than one Lambda answer can carry",
+    }),
     Route("GET", "/health", h.health, {
         "operationId": "health",
         "summary": "Liveness of this HTTP process and its Redis",

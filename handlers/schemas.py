@@ -129,6 +129,27 @@ class ShipmentSchema(Schema):
     })
 
 
+class ReceiptItemSchema(Schema):
+    sku = fields.String(required=True, metadata={"example": "WIDGET-RED-01"})
+    before = fields.Integer(required=True, metadata={"description": "Units on hand just before this shipment was applied."})
+    after = fields.Integer(required=True, metadata={"description": "Units on hand just after (after - before = the row's quantity)."})
+
+
+class ReceiptSchema(Schema):
+    """What one applied shipment changed (GET /api/shipments/{batchId}/receipt, as JSON)."""
+
+    batchId = fields.String(required=True, metadata={"example": "shipment-a-2026"})
+    jobId = fields.String(required=True, metadata={
+        "description": "The job that applied the batch (the first application; a replay never writes a receipt).",
+        "example": "shipment-shipment-a-2026",
+    })
+    appliedAt = fields.DateTime(required=True)
+    rows = fields.Integer(required=True, metadata={"description": "Rows of the shipment: the number of items."})
+    items = fields.List(fields.Nested(ReceiptItemSchema), required=True, metadata={
+        "description": "One per row of the file, in the file's order.",
+    })
+
+
 class HealthSchema(Schema):
     status = fields.String(required=True, validate=validate.OneOf(["ok", "unavailable"]))
     reason = fields.String(metadata={"description": "Why the service is unavailable: 'closing' or 'redis_unreachable'."})

@@ -187,13 +187,40 @@ def make_handler(api: Api, keys: KeyRing) -> LambdaHandler:
             body = MemoryBody(request.body, _declared_length(request))
             response = handle(api, keys, head, body, limit=limit, slots=slots)
         if response.stream is not None:
-            # A Lambda response is sent whole: a live stream cannot be held open here.
-            response.stream.close()
-            request_id = next((v for k, v in response.headers if k == "X-Request-Id"), "") or request_id_from({})
-            response = finish(_method(event), problem("request.stream_unsupported"), request_id)
+            response = _whole(event, response, api.unavailable_errors)
         return to_event_response(response)
 
     return handle_event
+
+
+#: The largest body collected from a download stream: a Lambda response carries
+#: at most 6 MB (headers and encoding included).
+MAX_WHOLE_BODY = 5 * 1024 * 1024
+
+
+def _whole(event: Event, response: Response, unavailable_errors: tuple[type[BaseException], ...]) -> Response:
+    """A Lambda response is sent whole: a download stream (a receipt) is collected
+    up to MAX_WHOLE_BODY; a live stream (events) cannot be held open here."""
+    stream = response.stream
+    assert stream is not None
+    code, headers = "request.stream_unsupported", ()
+    try:
+        if response.download:
+            parts, size = [], 0
+            for part in stream:
+                size += len(part)
+                if size > MAX_WHOLE_BODY:
+                    break
+                parts.append(part)
+            else:
+                return replace(response, body=b"".join(parts), stream=None, download=False)
+            code = "response.too_large"
+    except unavailable_errors:  # the stream already logged it; here the answer is not sent yet
+        code, headers = "service.unavailable", (("Retry-After", "5"),)
+    finally:
+        stream.close()
+    request_id = next((v for k, v in response.headers if k == "X-Request-Id"), "") or request_id_from({})
+    return finish(_method(event), problem(code, headers=headers), request_id)
 
 
 def _method(event: Event) -> str:

@@ -25,7 +25,7 @@ log = logging.getLogger("importer.http")
 
 _REASONS = {
     200: "OK", 202: "Accepted", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
-    405: "Method Not Allowed", 409: "Conflict", 413: "Content Too Large", 415: "Unsupported Media Type",
+    405: "Method Not Allowed", 406: "Not Acceptable", 409: "Conflict", 413: "Content Too Large", 415: "Unsupported Media Type",
     422: "Unprocessable Content", 429: "Too Many Requests", 500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
 }
 

@@ -4,6 +4,7 @@
 -- KEYS[1..5], ARGV[1..8]: the job-step header (common.lua), then
 -- KEYS[6] P:stock   KEYS[7] P:generation   KEYS[8] P:done:<batchId>   KEYS[9] P:journal
 -- KEYS[10] P:jobs:completed   KEYS[11] P:upload:<uploadId>   KEYS[12] P:jobs:deadline
+-- KEYS[13] P:receipt:<batchId>
 -- ARGV[9] batchId  ARGV[10] contentSha256  ARGV[11] owner  ARGV[12] attempt  ARGV[13] maxStock
 -- ARGV[14] 'P:jobs:completed:' (an owner's completed index is this plus the owner)
 -- ARGV[15] keepCompletedAgeMs  ARGV[16] keepCompletedCount
@@ -22,8 +23,9 @@
 --   done marker with the same hash -> replay: stored result, replay=true, no change
 --   done marker with another hash  -> conflict: job failed, no change
 --   any SKU would exceed maxStock   -> overflow: job failed, no change
---   otherwise add every quantity, bump generation, write the done marker,
---   append to the journal, complete the job. Nothing partial is ever visible.
+--   otherwise add every quantity, bump generation, write the done marker and
+--   the receipt, append to the journal, complete the job. Nothing partial is
+--   ever visible. A replay leaves the receipt as the first application wrote it.
 --
 -- Timestamps come from the server's clock (job_step): finishedAt and the
 -- attempt's duration then include the time this script took (large batches).
@@ -99,9 +101,15 @@ for start = first_pair, #ARGV, 2 * CHUNK do
   end
 end
 
+-- The receipt (domain/receipt.py): 'sku,before,after\n' per row, file order.
+-- HINCRBY returns after, so before = after - quantity with no extra read;
+-- %d, not .. : Lua 5.1 writes numbers above 10^14 in exponent form.
+local receipt = {}
 for i = first_pair, #ARGV, 2 do
-  redis.call('HINCRBY', KEYS[6], ARGV[i], ARGV[i + 1])
+  local after = redis.call('HINCRBY', KEYS[6], ARGV[i], ARGV[i + 1])
+  receipt[#receipt + 1] = string.format('%s,%d,%d\n', ARGV[i], after - ARGV[i + 1], after)
 end
+redis.call('SET', KEYS[13], table.concat(receipt))
 redis.call('INCR', KEYS[7])
 local result_json = '{"imported":' .. rows .. ',"batchId":' .. cjson.encode(batch_id) .. '}'
 redis.call('HSET', KEYS[8], 'batchId', batch_id, 'contentSha256', sha, 'result', result_json,

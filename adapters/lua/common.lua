@@ -9,6 +9,8 @@
 --   P:generation            string  bumped once per applied shipment
 --   P:done:<batchId>        hash    done marker: result, contentSha256, owner, appliedAt, jobId (kept forever)
 --   P:journal               stream  one entry per applied shipment (kept forever)
+--   P:receipt:<batchId>     string  receipt: 'sku,before,after\n' per row in file order, written by apply.lua
+--                                   with the done marker (kept forever, never rewritten; domain/receipt.py)
 --   P:job:<jobId>           hash    job record (removed by retention)
 --   P:upload:<uploadId>     string  the uploaded CSV bytes (removed with its job, or on completion)
 --   P:jobs:unsent           zset    jobId -> createdAt, recorded but message not yet confirmed sent

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from importer.domain.receipt import ReceiptLine, decode_receipt, encode_receipt
 from importer.domain.shipment import Row, Shipment, parse_shipment
 from importer.domain.stock import MAX_STOCK, ApplyOutcome, DoneMarker, ImportResult, StockState, apply_shipment
 
@@ -27,12 +28,15 @@ def apply(state: StockState, batch_id: str, s: Shipment, now_ms: int = 1_000) ->
 def test_applied_on_empty_state() -> None:
     empty = StockState()
     state, outcome = apply(empty, "batch-a", A, now_ms=42)
-    assert outcome == ApplyOutcome("applied", ImportResult(imported=3, batch_id="batch-a"))
+    receipt = (ReceiptLine("WIDGET-RED-01", 0, 10), ReceiptLine("GADGET-BLU-02", 0, 25), ReceiptLine("SPROCKET-07", 0, 5))
+    assert outcome == ApplyOutcome("applied", ImportResult(imported=3, batch_id="batch-a"), receipt=receipt)
     assert state.stock == {"WIDGET-RED-01": 10, "GADGET-BLU-02": 25, "SPROCKET-07": 5}
     assert state.generation == 1
     assert state.journal == ("batch-a",)
     assert state.done == {
-        "batch-a": DoneMarker("batch-a", A.content_sha256, ImportResult(3, "batch-a"), "worker-1", 42, "shipment-batch-a")
+        "batch-a": DoneMarker(
+            "batch-a", A.content_sha256, ImportResult(3, "batch-a"), "worker-1", 42, "shipment-batch-a", receipt
+        )
     }
     # The input state is never mutated.
     assert empty == StockState()
@@ -47,6 +51,8 @@ def test_second_batch_adds_and_bumps_generation() -> None:
     assert state.generation == 2
     assert state.journal == ("batch-a", "batch-b")
     assert set(state.done) == {"batch-a", "batch-b"}
+    # Each row's stock just before and just after, in the file's row order.
+    assert outcome.receipt == (ReceiptLine("WIDGET-RED-01", 10, 11), ReceiptLine("NEW-SKU-9", 0, 4))
 
 
 def test_same_content_under_another_batch_id_is_applied_again() -> None:
@@ -68,6 +74,17 @@ def test_replay_returns_the_stored_result_and_changes_nothing(again: Shipment) -
     assert state.generation == 1
     assert state.done["batch-a"].applied_at_ms == 1
     assert state.done["batch-a"].result.replay is False
+    # The receipt of the original application, not one recomputed from today's stock.
+    assert outcome.receipt == first.receipt == state.done["batch-a"].receipt
+
+
+def test_a_replay_after_later_shipments_returns_the_original_receipt() -> None:
+    state, first = apply(StockState(), "batch-a", A)
+    state, _ = apply(state, "batch-b", B)
+    _, again = apply(state, "batch-a", A_REORDERED)
+    assert again.kind == "replayed"
+    assert again.receipt == first.receipt
+    assert again.receipt is not None and again.receipt[0] == ReceiptLine("WIDGET-RED-01", 0, 10)
 
 
 def test_conflict_changes_nothing() -> None:
@@ -86,6 +103,7 @@ def test_overflow_changes_nothing_and_applies_no_row() -> None:
     overflowing = Shipment((Row("A", 1), Row("B", 4), Row("C", 1)))
     state, outcome = apply(start, "batch-x", overflowing)
     assert outcome == ApplyOutcome("overflow", overflow_sku="B")
+    assert outcome.receipt is None
     assert state is start
     assert state.stock == {"A": 5, "B": MAX_STOCK - 3}
     assert state.generation == 7
@@ -115,3 +133,17 @@ def test_import_result_to_dict() -> None:
     assert ImportResult(3, "batch-a").to_dict() == {"imported": 3, "batchId": "batch-a"}
     assert "replay" not in ImportResult(3, "batch-a", replay=False).to_dict()
     assert ImportResult(3, "batch-a", replay=True).to_dict() == {"imported": 3, "batchId": "batch-a", "replay": True}
+
+
+def test_stored_receipt_form_round_trips() -> None:
+    lines = (ReceiptLine("WIDGET-RED-01", 0, 10), ReceiptLine("b.2_x-Y", MAX_STOCK - 1, MAX_STOCK))
+    data = encode_receipt(lines)
+    assert data == b"WIDGET-RED-01,0,10\nb.2_x-Y,999999999999999,1000000000000000\n"
+    assert decode_receipt(data) == lines
+    assert decode_receipt(b"") == ()
+
+
+@pytest.mark.parametrize("bad", [b"A,1,2", b"A,1,2\nB,1\n", b"-A,1,2\n", b"A,1,2\n\n", b'"A",1,2\n', b"A,1e3,2\n"])
+def test_anything_else_is_not_a_stored_receipt(bad: bytes) -> None:
+    with pytest.raises(ValueError):
+        decode_receipt(bad)
