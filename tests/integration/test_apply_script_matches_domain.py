@@ -1,5 +1,6 @@
 """The Redis apply script and the pure apply rule agree on every sequence of
-shipments, replays, conflicts and overflows (hypothesis, real Redis)."""
+shipments, replays, conflicts and overflows (hypothesis, real Redis): outcome,
+stock, generation, journal, and each batch's stored receipt, byte for byte."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import redis
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from importer.adapters.settings import Settings
+from importer.domain.receipt import encode_receipt
 from importer.domain.shipment import Row, Shipment
 from importer.domain.stock import MAX_STOCK, StockState, apply_shipment
 from tests.integration.support import ProbeStore
@@ -44,11 +46,18 @@ def test_redis_script_and_pure_rule_agree(redis_url: str, sequence: list[tuple[s
             if expected.result is not None:
                 assert got.result == expected.result.to_dict()
             assert client.hget(store.keys.job(job_id), "state") == (b"completed" if expected.result else b"failed")
+            if expected.receipt is not None:
+                # applied: what this step changed; replayed: the original's receipt, untouched.
+                assert client.get(store.keys.receipt(batch_id)) == encode_receipt(expected.receipt)
 
         raw = client.hgetall(store.keys.stock)
         assert {k.decode(): int(v) for k, v in raw.items()} == state.stock
         assert store.generation() == state.generation
         assert client.xlen(store.keys.journal) == len(state.journal)
+        for batch_id in ("b1", "b2", "b3"):
+            marker = state.done.get(batch_id)
+            stored = client.get(store.keys.receipt(batch_id))
+            assert stored == (encode_receipt(marker.receipt) if marker else None)
     finally:
         keys = list(client.scan_iter(match=prefix.replace("{", "\\{").replace("}", "\\}") + "*", count=1000))
         if keys:

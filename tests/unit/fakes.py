@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from importer.domain.jobs import JobRecord, ShipmentRecord
 from importer.domain.errors import PublicError
 from importer.domain.ports import ApplyResult, EnqueueOutcome, StartedAttempt, StartOutcome
+from importer.domain.receipt import StoredReceipt
 from importer.domain.shipment import Shipment
 
 NOW_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -36,6 +37,10 @@ class FakeStore:
     rate_tokens: list[str] = field(default_factory=list)
     #: Writes the message with the record, as the Redis store does on the Redis transport.
     sends_with_record: bool = False
+    #: batchId -> the stored receipt bytes (as apply.lua writes them; see domain/receipt.py).
+    receipts: dict[str, bytes] = field(default_factory=dict)
+    #: Make read_receipt raise this from its n-th call on (a store lost in mid-stream).
+    receipt_failure: tuple[int, BaseException] | None = None
 
     def _call(self, name: str) -> None:
         self.calls.append(name)
@@ -78,6 +83,22 @@ class FakeStore:
         self._call("get_owned_shipment")
         record = self.shipments.get(batch_id)
         return record if record is not None and record.owner == owner else None
+
+    def get_owned_receipt(self, batch_id: str, owner: str, head_bytes: int) -> StoredReceipt | None:
+        self._call("get_owned_receipt")
+        record = self.shipments.get(batch_id)
+        if record is None or record.owner != owner:
+            return None
+        data = self.receipts.get(batch_id, b"")
+        return StoredReceipt(record, len(data), data[:head_bytes])
+
+    def read_receipt(self, batch_id: str, start: int, length: int) -> bytes:
+        self._call("read_receipt")
+        if self.receipt_failure is not None:
+            after, error = self.receipt_failure
+            if self.calls.count("read_receipt") >= after:
+                raise error
+        return self.receipts.get(batch_id, b"")[start:start + length]
 
     def ping(self) -> bool:
         self._call("ping")
