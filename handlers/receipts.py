@@ -59,7 +59,7 @@ def negotiate(accept: str | None) -> str | None:
         return JSON
     best: dict[str, tuple[float, int]] = {}
     for offer in (JSON, CSV):
-        kind, sub = offer.split("/")
+        kind = offer.split("/")[0]
         for media_range in accept.split(","):
             parts = [p.strip() for p in media_range.split(";")]
             name = parts[0].lower()

@@ -12,16 +12,30 @@ from wsgiref.util import setup_testing_defaults
 from wsgiref.validate import validator
 
 import pytest
-from hypothesis import given, strategies as st
-
-from importer.domain.receipt import ReceiptLine, StoredReceipt, decode_receipt, encode_receipt
+from hypothesis import given
+from hypothesis import strategies as st
+from importer.domain.receipt import (
+    ReceiptLine,
+    StoredReceipt,
+    decode_receipt,
+    encode_receipt,
+)
 from importer.domain.stock import MAX_STOCK
 from importer.handlers import receipts, serverless
 from importer.handlers.auth import KeyRing, hash_key
 from importer.handlers.receipts import CSV, JSON, negotiate, render_csv, render_json
 from importer.handlers.serverless import make_handler
+
 from tests.unit.fakes import StoreDown
-from tests.unit.test_http_handlers import KEY_A, KEY_B, Harness, Result, assert_problem, make_harness, shipment
+from tests.unit.test_http_handlers import (
+    KEY_A,
+    KEY_B,
+    Harness,
+    Result,
+    assert_problem,
+    make_harness,
+    shipment,
+)
 
 SMALL = encode_receipt([ReceiptLine("WIDGET-RED-01", 0, 10), ReceiptLine("GADGET-BLU-02", 5, 30)])
 
