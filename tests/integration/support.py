@@ -227,9 +227,9 @@ class System:
 
     def request(
         self, method: str, path: str, *, body: bytes | None = None, ctype: str = "", key: str | None = "default",
-        base_url: str | None = None,
+        base_url: str | None = None, headers: dict[str, str] | None = None,
     ) -> tuple[int, dict[str, str], bytes]:
-        req = urllib.request.Request((base_url or self.base_url) + path, data=body, method=method)
+        req = urllib.request.Request((base_url or self.base_url) + path, data=body, method=method, headers=headers or {})
         if key == "default":
             key = self.api_key
         if key:
