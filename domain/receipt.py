@@ -4,14 +4,18 @@ When a shipment is applied, the apply script (adapters/lua/apply.lua) writes,
 in the same atomic step as the stock change, one line per row of the
 shipment, in the file's row order::
 
-    sku,before,after\\n
+    sku,before,quantity\n
 
-``before`` and ``after`` are the SKU's units on hand just before and just
-after this shipment (``after - before`` is the row's quantity). These stored
-bytes are the receipt: written once with the done marker, kept forever like
-it, never recomputed. A replay of the batch answers the same bytes, and every
-rendering of them (JSON, CSV; handlers/receipts.py) is a pure function of
-them and of the done marker, so two reads are byte-identical.
+``before`` is the SKU's units on hand just before this shipment (the stock
+hash's value as Redis returned it, ``0`` for a new SKU) and ``quantity`` the
+row's quantity, so the stock just after is ``before + quantity``. (The
+script keeps both as the strings it already has: formatting numbers in Lua
+would add about half again to the time the apply script blocks Redis; see
+bench/receipt_cost.py.) These stored bytes are the receipt: written once
+with the done marker, kept forever like it, never recomputed. A replay of
+the batch answers the same bytes, and every rendering of them (JSON, CSV;
+handlers/receipts.py) is a pure function of them and of the done marker, so
+two reads are byte-identical.
 
 This module is the one definition of that stored form; domain/stock.py's
 apply rule produces the lines the script must produce (a property test runs
@@ -36,27 +40,32 @@ class ReceiptLine:
     after: int
 
 
-#: One stored line (SKUs are validated by domain/shipment.py: no comma, quote or newline).
-STORED_LINE = re.compile(rb"([A-Za-z0-9][A-Za-z0-9._-]{0,63}),([0-9]{1,16}),([0-9]{1,16})\n")
+#: One stored line, ``sku,before,quantity\n`` (SKUs are validated by
+#: domain/shipment.py: no comma, quote or newline; stock stays below 10^16).
+STORED_LINE = re.compile(rb"([A-Za-z0-9][A-Za-z0-9._-]{0,63}),(0|[1-9][0-9]{0,15}),([1-9][0-9]{0,15})\n")
 
 
 def encode_receipt(lines: Iterable[ReceiptLine]) -> bytes:
     """The stored form of a receipt (what apply.lua writes)."""
-    return "".join(f"{line.sku},{line.before},{line.after}\n" for line in lines).encode()
+    return "".join(f"{line.sku},{line.before},{line.after - line.before}\n" for line in lines).encode()
+
+
+def stored_lines(data: bytes) -> Iterator[tuple[bytes, int, int]]:
+    """(sku, before, after) of each stored line of whole lines; ValueError on anything else."""
+    position = 0
+    for match in STORED_LINE.finditer(data):
+        if match.start() != position:
+            break
+        position = match.end()
+        before = int(match.group(2))
+        yield match.group(1), before, before + int(match.group(3))
+    if position != len(data):
+        raise ValueError(f"not a receipt line at byte {position}")
 
 
 def decode_receipt(data: bytes) -> tuple[ReceiptLine, ...]:
     """The lines of a stored receipt (whole lines only; raises ValueError on anything else)."""
-    lines = []
-    position = 0
-    for match in STORED_LINE.finditer(data):
-        if match.start() != position:
-            raise ValueError(f"not a receipt line at byte {position}")
-        position = match.end()
-        lines.append(ReceiptLine(match.group(1).decode(), int(match.group(2)), int(match.group(3))))
-    if position != len(data):
-        raise ValueError(f"not a receipt line at byte {position}")
-    return tuple(lines)
+    return tuple(ReceiptLine(sku.decode(), before, after) for sku, before, after in stored_lines(data))
 
 
 def whole_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:

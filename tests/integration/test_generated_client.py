@@ -55,10 +55,10 @@ def importer_client(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def test_the_generated_client_drives_a_full_import(system: System, importer_client: Any) -> None:
     from importer_client.api.default import (  # type: ignore[import-not-found]
-        enqueue_import, get_import, get_shipment, health, list_imports, stream_import_events,
+        enqueue_import, get_import, get_shipment, get_shipment_receipt, health, list_imports, stream_import_events,
     )
     from importer_client.models import (  # type: ignore[import-not-found]
-        EnqueueRequest, JobAccepted, JobList, JobStatus, ListImportsState, Problem, Shipment,
+        EnqueueRequest, JobAccepted, JobList, JobStatus, ListImportsState, Problem, Receipt, Shipment,
     )
 
     with importer_client.AuthenticatedClient(base_url=system.base_url, token=system.api_key) as client:
@@ -95,6 +95,16 @@ def test_the_generated_client_drives_a_full_import(system: System, importer_clie
         assert isinstance(shipment, Shipment) and shipment.state.value == "applied"
         assert shipment.result.imported == 3 and len(shipment.content_sha_256) == 64
 
+        receipt = get_shipment_receipt.sync(client=client, batch_id="gen-1")
+        assert isinstance(receipt, Receipt) and (receipt.batch_id, receipt.job_id, receipt.rows) == ("gen-1", "shipment-gen-1", 3)
+        assert receipt.applied_at == shipment.applied_at
+        assert [(i.sku, i.before, i.after) for i in receipt.items] == [
+            (row.split(",")[0], 0, int(row.split(",")[1])) for row in SEED.strip().splitlines()[1:]
+        ]
+        no_receipt = get_shipment_receipt.sync_detailed(client=client, batch_id="gen-never")
+        assert no_receipt.status_code == 404 and isinstance(no_receipt.parsed, Problem)
+        assert no_receipt.parsed.code == "shipment.not_found"
+
         missing = get_import.sync_detailed(client=client, job_id="shipment-nope")
         assert missing.status_code == 404 and isinstance(missing.parsed, Problem)
         assert missing.parsed.code == "job.not_found"
@@ -115,6 +125,9 @@ def test_the_generated_client_drives_a_full_import(system: System, importer_clie
         assert isinstance(theirs, JobList) and theirs.items == []
         hidden = stream_import_events.sync_detailed(client=other, job_id="shipment-gen-1")
         assert hidden.status_code == 404 and isinstance(hidden.parsed, Problem) and hidden.parsed.code == "job.not_found"
+        not_theirs = get_shipment_receipt.sync_detailed(client=other, batch_id="gen-1")
+        assert not_theirs.status_code == 404 and isinstance(not_theirs.parsed, Problem)
+        assert not_theirs.parsed.code == "shipment.not_found"
 
     with importer_client.Client(base_url=system.base_url) as anonymous:
         unauthorized = get_import.sync_detailed(client=anonymous, job_id="shipment-gen-1")

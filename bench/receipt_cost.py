@@ -1,0 +1,230 @@
+"""What a receipt costs (issue 14): Redis memory of a 100,000-row receipt, the
+extra time the apply script blocks Redis to write it, and what serving it
+costs an HTTP process.
+
+    .venv/bin/python -m bench.receipt_cost [--rows 100000] [--repeat 7]
+
+On its own valkey (never a shared Redis), in one run and interleaved, for
+``--repeat`` repetitions:
+
+* the product's apply script (adapters/lua/apply.lua, through RedisStore, as
+  the worker calls it) on a fresh prefix, a fresh ``--rows``-row shipment;
+* the same script with the receipt taken out (the HINCRBY loop as it was
+  before receipts, no SET): the no-receipt baseline;
+* an EVAL of a bare HINCRBY loop over the same rows (the bench's baseline for
+  "Redis blocked by the apply script <= 1.3x").
+
+Time is the server's own (SLOWLOG: the time Redis was blocked); medians are
+printed beside each other. Then MEMORY USAGE of the receipt key and of the
+done marker, and GET /api/shipments/{batchId}/receipt through the real WSGI
+app (in process): time to the last byte and the peak Python memory while
+the answer is produced (tracemalloc), JSON and CSV.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import re
+import statistics
+import sys
+import tempfile
+import time
+import tracemalloc
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import redis  # noqa: E402
+
+from importer.adapters.bootstrap import build_http, clock_ms  # noqa: E402
+from importer.adapters.embedded_redis import EmbeddedRedis  # noqa: E402
+from importer.adapters.redis_store import RedisStore  # noqa: E402
+from importer.adapters.scripts import lua_source  # noqa: E402
+from importer.adapters.settings import Settings  # noqa: E402
+from importer.domain.shipment import Row, Shipment, job_id_for  # noqa: E402
+from importer.handlers.auth import hash_key, new_key  # noqa: E402
+
+MIB = 1024 * 1024
+
+
+#: The lines of apply.lua that make and store the receipt; the baseline is the script without them.
+RECEIPT_LINES = (
+    "local receipt = {}\n",
+    "  local lines, n = {}, 0\n",
+    "    lines[n + 1], lines[n + 2], lines[n + 3], lines[n + 4], lines[n + 5], lines[n + 6] =\n",
+    "      sku, ',', before, ',', ARGV[i + 1], '\\n'\n",
+    "    n = n + 6\n",
+    "  receipt[#receipt + 1] = table.concat(lines)\n",
+    "redis.call('SET', KEYS[13], table.concat(receipt))\n",
+)
+
+
+def without_receipt(source: str) -> str:
+    """apply.lua as it was before receipts: the same script without the lines that make the receipt."""
+    for line in RECEIPT_LINES:
+        if source.count(line) != 1:
+            raise SystemExit(f"bench/receipt_cost.py: apply.lua changed ({line.strip()!r}); update RECEIPT_LINES")
+        source = source.replace(line, "")
+    return source
+
+
+def slowest_us(client: redis.Redis, command: bytes) -> int:
+    entries = client.slowlog_get(-1)
+    durations = [int(e["duration"]) for e in entries if _name(e) == command]
+    if not durations:
+        raise SystemExit(f"no {command.decode()} in SLOWLOG")
+    return max(durations)
+
+
+def _name(entry: dict[str, Any]) -> bytes:
+    command = entry.get("command", b"")
+    if isinstance(command, (list, tuple)):
+        command = command[0] if command else b""
+    if isinstance(command, str):
+        command = command.encode()
+    return command.split(b" ", 1)[0].upper()
+
+
+def apply_once(client: redis.Redis, url: str, rows: list[Row], *, receipt: bool) -> tuple[float, RedisStore, str]:
+    """One apply of a fresh shipment on a fresh prefix: (ms Redis was blocked, the store, batchId)."""
+    prefix = "{rc" + uuid.uuid4().hex[:10] + "}:"
+    store = RedisStore(redis.Redis.from_url(url, socket_timeout=120), Settings(key_prefix=prefix), clock_ms=clock_ms)
+    if not receipt:
+        store._scripts["apply"] = store.client.register_script(without_receipt(lua_source("apply")))
+    batch_id = "bench-" + uuid.uuid4().hex[:8]
+    job_id = job_id_for(batch_id)
+    client.hset(store.keys.job(job_id), mapping={"id": job_id, "batchId": batch_id, "state": "active", "attempt": 1, "owner": "bench"})
+    shipment = Shipment(tuple(rows))
+    client.slowlog_reset()
+    outcome = store.validated_and_apply(
+        job_id=job_id, upload_id="0" * 32, attempt=1, batch_id=batch_id, owner="bench", shipment=shipment
+    )
+    if outcome.kind != "applied":
+        raise SystemExit(f"apply answered {outcome.kind}")
+    return slowest_us(client, b"EVALSHA") / 1000, store, batch_id
+
+
+def bare_loop_ms(client: redis.Redis, rows: list[Row]) -> float:
+    script = "for i = 1, #ARGV, 2 do redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1]) end return #ARGV / 2"
+    key = "{rcbare" + uuid.uuid4().hex[:8] + "}:h"
+    args: list[Any] = []
+    for row in rows:
+        args += [row.sku, row.quantity]
+    client.slowlog_reset()
+    client.eval(script, 1, key, *args)
+    client.delete(key)
+    return slowest_us(client, b"EVAL") / 1000
+
+
+def drop_prefix(client: redis.Redis, store: RedisStore) -> None:
+    pattern = store.keys.prefix.replace("{", "\\{").replace("}", "\\}") + "*"
+    keys = list(client.scan_iter(match=pattern, count=1000))
+    if keys:
+        client.delete(*keys)
+
+
+def serve_receipt(url: str, prefix: str, batch_id: str, accept: str) -> tuple[float, float, int]:
+    """GET the receipt through the real WSGI app in process: (ms to the last byte, peak MiB allocated, bytes)."""
+    key = new_key()
+    settings = Settings.from_env({
+        "IMPORTER_REDIS_URL": url, "IMPORTER_KEY_PREFIX": prefix, "IMPORTER_API_KEYS": f"bench:{hash_key(key)}",
+    })
+    side = build_http(settings)
+    try:
+        environ = {
+            "REQUEST_METHOD": "GET", "SCRIPT_NAME": "", "PATH_INFO": f"/api/shipments/{batch_id}/receipt",
+            "QUERY_STRING": "", "SERVER_NAME": "bench", "SERVER_PORT": "80", "SERVER_PROTOCOL": "HTTP/1.1",
+            "wsgi.input": io.BytesIO(b""), "wsgi.url_scheme": "http",
+            "HTTP_AUTHORIZATION": f"Bearer {key}", "HTTP_ACCEPT": accept,
+        }
+        statuses: list[str] = []
+        tracemalloc.start()
+        t = time.perf_counter()
+        size = 0
+        body = side.app(environ, lambda status, headers, exc=None: statuses.append(status))
+        for part in body:
+            size += len(part)
+        close = getattr(body, "close", None)
+        if close:
+            close()
+        elapsed = (time.perf_counter() - t) * 1000
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        if not statuses or not statuses[0].startswith("200"):
+            raise SystemExit(f"GET receipt answered {statuses}")
+        return elapsed, peak / MIB, size
+    finally:
+        side.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args()
+    rows = [Row(f"SKU{i:07d}", (i % 1000) + 1) for i in range(args.rows)]
+
+    tmp = Path(tempfile.mkdtemp(prefix="receipt-cost-"))
+    server = EmbeddedRedis(tmp / "valkey")
+    url = server.start()
+    client = redis.Redis.from_url(url, socket_timeout=120)
+    info = client.info("server")
+    print(f"valkey {info.get('valkey_version') or info.get('redis_version')} at {url} (own server); "
+          f"{args.rows:,} rows, {args.repeat} repetitions, interleaved")
+    client.config_set("slowlog-max-len", 1000)
+    client.config_set("slowlog-log-slower-than", 0)
+    with_ms: list[float] = []
+    without_ms: list[float] = []
+    bare_ms: list[float] = []
+    kept: tuple[RedisStore, str] | None = None
+    try:
+        for rep in range(args.repeat):
+            order = (True, False) if rep % 2 == 0 else (False, True)
+            for receipt in order:
+                ms, store, batch_id = apply_once(client, url, rows, receipt=receipt)
+                (with_ms if receipt else without_ms).append(ms)
+                if receipt and kept is None:
+                    kept = (store, batch_id)
+                else:
+                    drop_prefix(client, store)
+            bare_ms.append(bare_loop_ms(client, rows))
+            print(f"  rep {rep + 1}: with receipt {with_ms[-1]:.1f} ms, without {without_ms[-1]:.1f} ms, "
+                  f"bare HINCRBY loop {bare_ms[-1]:.1f} ms", flush=True)
+        assert kept is not None
+        store, batch_id = kept
+        receipt_key, done_key = store.keys.receipt(batch_id), store.keys.done(batch_id)
+        receipt_bytes = int(client.strlen(receipt_key))
+        receipt_mem = int(client.memory_usage(receipt_key, samples=0) or 0)
+        done_mem = int(client.memory_usage(done_key, samples=0) or 0)
+        served = {accept: [serve_receipt(url, store.keys.prefix, batch_id, accept) for _ in range(3)]
+                  for accept in ("application/json", "text/csv")}
+    finally:
+        client.close()
+        server.stop()
+
+    w, wo, b = (statistics.median(x) for x in (with_ms, without_ms, bare_ms))
+    wm, wom, bm = (min(x) for x in (with_ms, without_ms, bare_ms))
+    print()
+    print(f"| {args.rows:,}-row shipment: median of {args.repeat} (min) | with receipt | without (baseline) | extra |")
+    print("| --- | --- | --- | --- |")
+    print(f"| Redis blocked by the apply script (SLOWLOG) | {w:.1f} ms ({wm:.1f}) | {wo:.1f} ms ({wom:.1f}) | "
+          f"+{w - wo:.1f} ms, +{(w / wo - 1) * 100:.0f}% (min: +{(wm / wom - 1) * 100:.0f}%) |")
+    print(f"| ... / EVAL of a bare HINCRBY loop, {b:.1f} ms ({bm:.1f}) | {w / b:.2f}x ({wm / bm:.2f}x) | "
+          f"{wo / b:.2f}x ({wom / bm:.2f}x) | target <= 1.3x |")
+    print(f"| receipt key: MEMORY USAGE (STRLEN) | {receipt_mem / MIB:.2f} MiB ({receipt_bytes:,} B, "
+          f"{receipt_mem / args.rows:.1f} B/row) | | done marker: {done_mem} B |")
+    for accept, runs in served.items():
+        ms = statistics.median(r[0] for r in runs)
+        peak = max(r[1] for r in runs)
+        size = runs[0][2]
+        print(f"| GET receipt as {accept}, in-process WSGI (median of 3) | {ms:.0f} ms for {size / MIB:.2f} MiB | "
+              f"peak Python allocation {peak:.2f} MiB while producing it | |")
+
+
+if __name__ == "__main__":
+    main()
