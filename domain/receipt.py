@@ -50,17 +50,15 @@ def encode_receipt(lines: Iterable[ReceiptLine]) -> bytes:
     return "".join(f"{line.sku},{line.before},{line.after - line.before}\n" for line in lines).encode()
 
 
-def stored_lines(data: bytes) -> Iterator[tuple[bytes, int, int]]:
+_STORED_LINES = re.compile(rb"(?:" + STORED_LINE.pattern + rb")*")
+
+
+def stored_lines(data: bytes) -> list[tuple[bytes, int, int]]:
     """(sku, before, after) of each stored line of whole lines; ValueError on anything else."""
-    position = 0
-    for match in STORED_LINE.finditer(data):
-        if match.start() != position:
-            break
-        position = match.end()
-        before = int(match.group(2))
-        yield match.group(1), before, before + int(match.group(3))
-    if position != len(data):
-        raise ValueError(f"not a receipt line at byte {position}")
+    if _STORED_LINES.fullmatch(data) is None:
+        raise ValueError("not a stored receipt: a line is not 'sku,before,quantity'")
+    return [(sku, before, before + int(quantity)) for sku, before_text, quantity in STORED_LINE.findall(data)
+            for before in (int(before_text),)]
 
 
 def decode_receipt(data: bytes) -> tuple[ReceiptLine, ...]:

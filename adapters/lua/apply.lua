@@ -91,13 +91,13 @@ end
 -- in a shipment, so they are the stock just before): strings only, joined by
 -- table.concat in C; formatting numbers in Lua would cost +50% here.
 local CHUNK = 4000
-local receipt = {}
+local receipt, lines = {}, {}
 for start = first_pair, #ARGV, 2 * CHUNK do
   local skus = {}
   local last = math.min(start + 2 * CHUNK - 1, #ARGV)
   for i = start, last, 2 do skus[#skus + 1] = ARGV[i] end
   local current = redis.call('HMGET', KEYS[6], unpack(skus))
-  local lines, n = {}, 0
+  local n = 0
   for j, sku in ipairs(skus) do
     local i = start + 2 * (j - 1)
     local before = current[j] or '0'
@@ -109,7 +109,7 @@ for start = first_pair, #ARGV, 2 * CHUNK do
       sku, ',', before, ',', ARGV[i + 1], '\n'
     n = n + 6
   end
-  receipt[#receipt + 1] = table.concat(lines)
+  receipt[#receipt + 1] = table.concat(lines, '', 1, n)
 end
 
 for i = first_pair, #ARGV, 2 do
