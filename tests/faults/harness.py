@@ -25,6 +25,7 @@ from typing import Any
 
 import redis
 
+from importer.domain.receipt import decode_receipt
 from tests.integration.support import System, free_port, wait_for
 
 def _server_binary() -> str:
@@ -292,6 +293,7 @@ def check_invariants(system: System, redis_url: str, driver: Driver, *, fault_ov
 
     * stock per SKU = sum over the distinct applied batches (done markers) of their posted rows;
     * one journal entry per applied batch, none for anything else; generation = number applied;
+    * one receipt per applied batch, chained per SKU in the journal's order up to the stock;
     * every job answered 202 is final within `bound` seconds after the fault was over;
       completed <=> applied (a completed job has its done marker, a failed one none);
     * no message left in the queue, the delay queue, `.msgs` or any `__acks__` set.
@@ -319,6 +321,21 @@ def check_invariants(system: System, redis_url: str, driver: Driver, *, fault_ov
     journal = Counter(_s(fields[b"batchId"]) for _, fields in client.xrange(f"{prefix}journal"))
     assert journal == Counter({b: 1 for b in done}), f"journal != one entry per applied batch: {journal - Counter(set(done))}"
     assert int(client.get(f"{prefix}generation") or 0) == len(done), "generation != number of applied batches"
+
+    # Receipts: one per applied batch, none for anything else; each holds the batch's posted rows,
+    # and per SKU, in the journal's order (the order of application), each one's "before" is the
+    # "after" of the one applied before it (0 for the first): nothing applied twice or out of step.
+    receipts = {_s(key)[len(f"{prefix}receipt:"):] for key in client.scan_iter(match=f"{prefix}receipt:*", count=1000)}
+    assert receipts == set(done), f"receipts != applied batches: {receipts ^ set(done)}"
+    running: Counter[str] = Counter()
+    for _, fields in client.xrange(f"{prefix}journal"):
+        batch_id = _s(fields[b"batchId"])
+        lines = decode_receipt(client.get(f"{prefix}receipt:{batch_id}") or b"")
+        assert {line.sku: line.after - line.before for line in lines} == posted[batch_id], f"receipt of {batch_id}"
+        for line in lines:
+            assert line.before == running[line.sku], f"receipt of {batch_id}: {line} after {running[line.sku]}"
+            running[line.sku] = line.after
+    assert {k: v for k, v in running.items() if v} == {k: v for k, v in stock.items() if v}, "receipts' last after != stock"
 
     states, attempts = {}, {}
     for job_id in job_ids:
