@@ -2,9 +2,9 @@
 
 When a shipment is applied, the apply script (adapters/lua/apply.lua) writes,
 in the same atomic step as the stock change, one line per row of the
-shipment, in the file's row order::
+shipment, in the file's row order (``\\n`` is the line feed)::
 
-    sku,before,quantity\n
+    sku,before,quantity\\n
 
 ``before`` is the SKU's units on hand just before this shipment (the stock
 hash's value as Redis returned it, ``0`` for a new SKU) and ``quantity`` the
