@@ -146,7 +146,8 @@ class Keys:
         return f"{self.prefix}done:{batch_id}"
 
     def receipt(self, batch_id: str) -> str:
-        """string: what the batch's application changed ('sku,before,after\\n' per row), kept with the done marker."""
+        """string: what the batch's application changed ('sku,before,quantity\\n' per row, domain/receipt.py),
+        written with the done marker and kept forever like it."""
         return f"{self.prefix}receipt:{batch_id}"
 
     def owner_jobs(self, owner: str) -> str:

@@ -14,6 +14,7 @@ root of a Lambda function, beside the worker's entry point).
 from __future__ import annotations
 
 import base64
+import logging
 import binascii
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
@@ -29,6 +30,8 @@ from importer.handlers.wsgi import body_limit
 Event = dict[str, Any]
 EventResponse = dict[str, Any]
 LambdaHandler = Callable[[Event, object], EventResponse]
+
+log = logging.getLogger("importer.http")
 
 #: Response media types sent as text; every other body is sent base64-encoded.
 _TEXT_TYPES = frozenset({
@@ -203,10 +206,12 @@ def _whole(event: Event, response: Response, unavailable_errors: tuple[type[Base
     up to MAX_WHOLE_BODY; a live stream (events) cannot be held open here."""
     stream = response.stream
     assert stream is not None
-    code, headers = "request.stream_unsupported", ()
+    code: str = "request.stream_unsupported"
+    headers: tuple[tuple[str, str], ...] = ()
     try:
         if response.download:
-            parts, size = [], 0
+            parts: list[bytes] = []
+            size = 0
             for part in stream:
                 size += len(part)
                 if size > MAX_WHOLE_BODY:
@@ -217,6 +222,9 @@ def _whole(event: Event, response: Response, unavailable_errors: tuple[type[Base
             code = "response.too_large"
     except unavailable_errors:  # the stream already logged it; here the answer is not sent yet
         code, headers = "service.unavailable", (("Retry-After", "5"),)
+    except Exception:
+        log.exception("unhandled error", extra={"event": "http.internal_error"})
+        code = "internal"
     finally:
         stream.close()
     request_id = next((v for k, v in response.headers if k == "X-Request-Id"), "") or request_id_from({})

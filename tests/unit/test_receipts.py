@@ -253,3 +253,13 @@ def test_serverless_store_lost_while_collecting_is_503(h: Harness) -> None:
     out = lambda_get(h, "b-big")
     assert out["statusCode"] == 503 and out["headers"]["Retry-After"] == "5"
     assert json.loads(out["body"])["code"] == "service.unavailable"
+
+
+def test_a_corrupt_stored_receipt_is_a_500_never_a_wrong_answer(h: Harness) -> None:
+    h.store.shipments["b-bad"] = shipment(batch_id="b-bad")
+    h.store.receipts["b-bad"] = b"A,1,2\nB,x,3\n"
+    assert_problem(get(h, "b-bad"), 500, "internal")
+    data = large(h)
+    h.store.receipts["b-big"] = data + b"not a line\n"
+    out = lambda_get(h, "b-big")
+    assert out["statusCode"] == 500 and json.loads(out["body"])["code"] == "internal"
