@@ -8,7 +8,7 @@ It starts a real `importer serve` (gunicorn) and `importer worker` on its own
 key prefix, lets owner A complete one import, then, as owner B over one
 keep-alive connection, alternates GET /api/imports/{A's job} and
 GET /api/imports/{a missing id of the same length} (and the same for
-/api/shipments/{batchId}). It prints the AUC of the two latency samples
+/api/shipments/{batchId} and /api/shipments/{batchId}/receipt). It prints the AUC of the two latency samples
 (Mann-Whitney: the chance that a request for A's existing record is slower
 than one for a missing record; 0.5 = indistinguishable). Target: <= 0.6.
 """
@@ -79,6 +79,7 @@ def main() -> int:
             pairs = {
                 "job": (f"/api/imports/shipment-{batch}", "/api/imports/shipment-timing-a-0002"),
                 "shipment": (f"/api/shipments/{batch}", "/api/shipments/timing-a-0002"),
+                "receipt": (f"/api/shipments/{batch}/receipt", "/api/shipments/timing-a-0002/receipt"),
             }
             for name, (existing, missing) in pairs.items():
                 measure(conn, system.other_key, existing, missing, 100)  # warm-up
