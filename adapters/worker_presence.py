@@ -45,18 +45,24 @@ class WorkerPresence(Middleware):
         self.interval_s = settings.heartbeat_timeout_s / 3
         self.worker_id = worker_id or new_worker_id()
         self._stop = threading.Event()
+        # A beat and the goodbye never overlap: a beat in flight must not
+        # announce the worker again after it has left.
+        self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
     def beat(self) -> bool:
         """One announcement; False when Redis could not take it (the next beat tries again)."""
-        try:
-            self.store.announce_worker(self.worker_id, self.accepts, self.window_ms)
-            return True
-        except StoreUnavailable:
-            log_event(log, "worker.presence_unavailable", logging.WARNING, workerId=self.worker_id)
-        except Exception:  # never let the beat thread die
-            log.exception("worker.presence_error")
-        return False
+        with self._lock:
+            if self._stop.is_set():
+                return False
+            try:
+                self.store.announce_worker(self.worker_id, self.accepts, self.window_ms)
+                return True
+            except StoreUnavailable:
+                log_event(log, "worker.presence_unavailable", logging.WARNING, workerId=self.worker_id)
+            except Exception:  # never let the beat thread die
+                log.exception("worker.presence_error")
+            return False
 
     def after_worker_boot(self, broker: Any, worker: Any) -> None:
         # Live from the start: a producer may be refused until the first beat.
@@ -70,11 +76,14 @@ class WorkerPresence(Middleware):
             self.beat()
 
     def before_worker_shutdown(self, broker: Any, worker: Any) -> None:
-        # It fetches no more work from here on: stop counting it at once.
+        # It fetches no more work from here on: stop counting it at once. If
+        # a beat is stuck on a sick Redis, leave it: the entry expires.
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        if not self._lock.acquire(timeout=1):
+            return
         try:
             self.store.remove_worker(self.worker_id)
         except StoreUnavailable:
             log_event(log, "worker.presence_unavailable", logging.WARNING, workerId=self.worker_id)
+        finally:
+            self._lock.release()
