@@ -129,4 +129,3 @@ def live_workers_can_run(version: int, live_workers_accept: Collection[frozenset
     test holds the two to the same answers.)
     """
     return not live_workers_accept or any(version in accepts for accepts in live_workers_accept)
-

@@ -132,6 +132,18 @@ def test_a_killed_worker_stops_counting_after_its_window(make_system: Any) -> No
     old = system.start_worker(IMPORTER_ACCEPTED_VERSIONS="1")
     system.start_http(**V2)
     assert_refused(system, "door-k", [1])
+    # What `importer submit` tells the person at the terminal.
+    submit = subprocess.run(
+        [sys.executable, "-m", "importer.adapters.cli", "submit", str(FIXTURES / "shipment-a-2026.csv"),
+         "--batch-id", "door-k", "--url", system.base_url],
+        env={**system.env, "IMPORTER_API_KEY": system.api_key}, cwd=ROOT, capture_output=True, text=True, timeout=30,
+    )
+    assert submit.returncode == 1
+    assert submit.stderr.startswith(
+        "refused: 503 contract.no_worker: Nothing was recorded: this server sends queue messages of contract version 2, "
+        "and the workers running now accept only version 1."
+    ), submit.stderr
+    assert_nothing_recorded(system, "door-k")
 
     old.kill()  # SIGKILL: no goodbye; its entry expires after IMPORTER_HEARTBEAT_TIMEOUT (3 s here)
     killed_at = time.monotonic()
