@@ -155,6 +155,10 @@ class Keys:
         """stream: one job's events, under the same ids as in P:events."""
         return f"{self.events}:{job_id}"
 
+    def workers_accepting(self, version: int | str) -> str:
+        """[door] zset worker id -> expiry ms of the workers that accept ``version`` ('' = the name prefix)."""
+        return f"{self.workers}:v{version}"
+
     def rate(self, owner: str, window: int) -> str:
         return f"{self.prefix}rate:{owner}:{window}"
 
@@ -311,7 +315,7 @@ class RedisStore:
         now = self._now()
         keys = [
             k.job(job_id), k.upload(upload_id), k.done(batch_id), k.unsent, k.waiting, k.events, k.owner_jobs(owner),
-            k.workers, k.workers_accepts,
+            k.workers, k.workers_accepts, k.workers_accepting(s.producer_version),
         ]
         args: list[Any] = [
             job_id, batch_id, owner, content_sha256, upload_id, now, csv, s.events_maxlen, s.producer_version,
@@ -597,13 +601,16 @@ class RedisStore:
         with _translate():
             return int(self._scripts["presence"](
                 keys=[self.keys.workers, self.keys.workers_accepts],
-                args=[worker_id, format_versions(accepts), window_ms],
+                args=[worker_id, format_versions(accepts), window_ms, self.keys.workers_accepting("")],
             ))
 
     def remove_worker(self, worker_id: str) -> None:
         """A worker that stops says so: the door stops counting it at once."""
         with _translate():
-            self._scripts["presence"](keys=[self.keys.workers, self.keys.workers_accepts], args=[worker_id, "", 0])
+            self._scripts["presence"](
+                keys=[self.keys.workers, self.keys.workers_accepts],
+                args=[worker_id, "", 0, self.keys.workers_accepting("")],
+            )
 
     def live_workers(self) -> dict[str, frozenset[int]]:
         """Worker id -> accepted versions of every live worker (expiry not past

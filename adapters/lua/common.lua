@@ -33,7 +33,8 @@
 --   P:health                string  /health's write probe (expires)
 --   P:workers               zset    [door] worker id -> expiry ms (server clock) of its last presence beat
 --   P:workers:accepts       hash    [door] worker id -> the contract versions it accepts, e.g. "1,2"
---                                   (both written by presence.lua; read by enqueue.lua's door check)
+--   P:workers:v<version>    zset    [door] worker id -> expiry ms, of the workers accepting that version
+--                                   (all three written by presence.lua; read by enqueue.lua's door check)
 --
 -- Time: enqueue.lua uses the caller's clock (createdAt,
 -- rate-limit window); start, apply and fail use the server's (server_ms), so
@@ -171,10 +172,14 @@ end
 
 -- [door] nil when a producer of `version` may record new work, else the
 -- versions the live workers accept ("1,3", ascending). Live: expiry (server
--- clock, see presence.lua) not past. No live worker: nil (queued work waits).
--- A live id without an accepts entry (removed by hand) counts as absent.
-local function no_worker_accepts(workers_key, accepts_key, version)
-  local live = redis.call('ZRANGEBYSCORE', workers_key, server_ms(), '+inf')
+-- clock, see presence.lua) not past. One ZCOUNT when a live worker accepts
+-- the version, whatever the number of workers; the rest only when none does.
+-- No live worker at all: nil (queued work waits). A live id without an
+-- accepts entry (removed by hand) counts as absent.
+local function no_worker_accepts(workers_key, accepts_key, version_key, version)
+  local now = server_ms()
+  if redis.call('ZCOUNT', version_key, now, '+inf') > 0 then return nil end
+  local live = redis.call('ZRANGEBYSCORE', workers_key, now, '+inf')
   if #live == 0 then return nil end
   local seen, any = {}, false
   for _, accepts in ipairs(redis.call('HMGET', accepts_key, unpack(live))) do

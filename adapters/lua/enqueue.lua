@@ -6,14 +6,15 @@
 -- ARGV[1] jobId  ARGV[2] batchId  ARGV[3] owner  ARGV[4] contentSha256
 -- ARGV[5] uploadId  ARGV[6] nowMs  ARGV[7] csv bytes  ARGV[8] events maxlen
 --
--- KEYS[8] P:workers  KEYS[9] P:workers:accepts   [door] the live workers (presence.lua)
+-- KEYS[8] P:workers  KEYS[9] P:workers:accepts  KEYS[10] P:workers:v<ARGV[9]>
+--   [door] the live workers (presence.lua)
 -- ARGV[9] the contract version of the message this producer sends
 --
 -- (The per-owner rate limit is not here: it is taken before the body is read,
 -- RedisStore.take_rate_token.)
 --
 -- With the job's dramatiq message (Redis transport, the broker on this Redis):
--- KEYS[10] <namespace>:<queue>  KEYS[11] <namespace>:<queue>.msgs  KEYS[12] P:jobs:deadline
+-- KEYS[11] <namespace>:<queue>  KEYS[12] <namespace>:<queue>.msgs  KEYS[13] P:jobs:deadline
 -- ARGV[10] redis_message_id  ARGV[11] the message as dramatiq's encoder wrote it
 -- ARGV[12] waiting grace ms
 --   written as dramatiq's RedisBroker.enqueue (its dispatch.lua) writes it:
@@ -50,7 +51,7 @@ if done[1] then
   if done[2] ~= sha then return {'conflict', 'content'} end
 end
 
-local refused = no_worker_accepts(KEYS[8], KEYS[9], ARGV[9])  -- [door]
+local refused = no_worker_accepts(KEYS[8], KEYS[9], KEYS[10], ARGV[9])  -- [door]
 if refused then return {'no_worker', refused} end
 
 redis.call('HSET', job_key,
@@ -61,12 +62,12 @@ redis.call('SET', upload_key, ARGV[7])
 redis.call('ZADD', KEYS[5], ARGV[6], job_id)
 redis.call('ZADD', KEYS[7], ARGV[6], job_id)  -- [console] GET /api/imports
 emit(KEYS[6], ARGV[8], 'waiting', job_id, batch_id, 0, '{}')
-local queue_key, messages_key = KEYS[10], KEYS[11]
+local queue_key, messages_key = KEYS[11], KEYS[12]
 local message_id, message_data = ARGV[10], ARGV[11]
 if queue_key and message_id then
   redis.call('HSET', messages_key, message_id, message_data)
   redis.call('RPUSH', queue_key, message_id)
-  redis.call('ZADD', KEYS[12], 'NX', tonumber(ARGV[6]) + tonumber(ARGV[12]), job_id)
+  redis.call('ZADD', KEYS[13], 'NX', tonumber(ARGV[6]) + tonumber(ARGV[12]), job_id)
   return {'created', 1}
 end
 redis.call('ZADD', KEYS[4], ARGV[6], job_id)

@@ -168,11 +168,11 @@ def test_the_script_and_the_domain_agree(redis_url: str, version: int, workers: 
     # Settings built directly are not checked against KNOWN_VERSIONS: the script takes any version.
     store = ProbeStore(client, Settings(key_prefix=prefix, producer_version=version), clock_ms=lambda: 1_000)
     try:
-        for n, (accepts, live) in enumerate(workers):
-            store.announce_worker(f"w{n}", accepts, 60_000)
-            if not live:  # expired a second ago, on the server's clock
-                seconds, micros = client.time()
-                client.zadd(store.keys.workers, {f"w{n}": seconds * 1000 + micros // 1000 - 1000})
+        # The live ones first; then the others with a 1 ms window, so that
+        # their entries are still there (no later beat prunes them), expired.
+        for n, (accepts, live) in sorted(enumerate(workers), key=lambda item: not item[1][1]):
+            store.announce_worker(f"w{n}", accepts, 60_000 if live else 1)
+        time.sleep(0.005)
         live_sets = [accepts for accepts, live in workers if live]
         assert sorted(store.live_workers().values(), key=sorted) == sorted(live_sets, key=sorted)
 
@@ -204,7 +204,12 @@ def test_presence_prunes_expired_workers_and_a_worker_can_leave(redis_url: str) 
         assert store.announce_worker("here", frozenset({1, 2}), 60_000) == 1  # "gone" pruned
         assert client.hkeys(store.keys.workers_accepts) == [b"here"]
         assert store.live_workers() == {"here": frozenset({1, 2})}
+        assert client.zrange(store.keys.workers_accepting(1), 0, -1) == [b"here"]  # "gone" pruned there too
+        assert client.zrange(store.keys.workers_accepting(2), 0, -1) == [b"here"]
         store.remove_worker("here")
-        assert store.live_workers() == {} and client.exists(store.keys.workers, store.keys.workers_accepts) == 0
+        assert store.live_workers() == {}
+        assert client.exists(
+            store.keys.workers, store.keys.workers_accepts, store.keys.workers_accepting(1), store.keys.workers_accepting(2)
+        ) == 0
     finally:
-        client.delete(store.keys.workers, store.keys.workers_accepts)
+        client.delete(store.keys.workers, store.keys.workers_accepts, store.keys.workers_accepting(1), store.keys.workers_accepting(2))
