@@ -32,6 +32,7 @@ from importer.adapters.queue import (
 )
 from importer.adapters.redis_store import ImporterRedis, RedisStore, StoreUnavailable
 from importer.adapters.settings import Settings, SettingsError
+from importer.adapters.worker_presence import WorkerPresence
 from importer.domain.ports import AttemptStore, MessageSender
 from importer.handlers.api import Api
 from importer.handlers.auth import KeyRing
@@ -153,6 +154,7 @@ def build_http(settings: Settings) -> HttpSide:
         ),
         max_concurrent_uploads=settings.max_concurrent_uploads,
         release_memory=release_free_memory,
+        producer_version=settings.producer_version,
     )
     keys = KeyRing.parse(settings.api_keys)
     if not keys.entries:
@@ -170,7 +172,7 @@ def build_worker(settings: Settings) -> dramatiq.Broker:
 
         attempts = FaultyAttemptStore(store, Faults(settings.fault))
     runner = ImportRunner(attempts, settings)
-    middleware = [Reconciler(store, runner, settings), CloseConnections(client)]
+    middleware = [Reconciler(store, runner, settings), WorkerPresence(store, settings), CloseConnections(client)]
     if settings.worker_metrics_port:
         from importer.adapters.worker_metrics import WorkerPrometheus
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 
-from importer.adapters.redis_store import Keys
+from importer.adapters.redis_store import Keys, RedisStore
 from importer.adapters.settings import Settings
 
 
@@ -72,7 +73,28 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     now_ms = clock_ms()
     alive = client.zcount(f"{ns}:__heartbeats__", now_ms - int(settings.heartbeat_timeout_s * 1000), "+inf")
     line("ok" if alive else "warn", "workers alive", f"{alive} worker process(es) sent a heartbeat in the last {settings.heartbeat_timeout_s:g} s")
+    _doctor_door(store, settings, line)
     return 1 if failures else 0
+
+
+def _doctor_door(store: RedisStore, settings: Settings, line: Callable[[str, str, str], None]) -> None:
+    """[door] The live workers' contract versions, and whether this environment's producer version passes."""
+    from importer.adapters.redis_store import format_versions
+    from importer.domain.contract import live_workers_can_run
+
+    workers = store.live_workers()
+    version = settings.producer_version
+    if not workers:
+        line("warn", "worker contract versions", "no worker alive: imports are accepted and wait for a worker")
+        return
+    listed = "; ".join(f"{worker_id} accepts {format_versions(accepts)}" for worker_id, accepts in sorted(workers.items()))
+    line("ok", "worker contract versions", f"{len(workers)} live: {listed}")
+    able = sum(version in accepts for accepts in workers.values())
+    if live_workers_can_run(version, list(workers.values())):
+        line("ok", "door check", f"producer version {version} (IMPORTER_PRODUCER_VERSION) is accepted by {able} live worker(s)")
+    else:
+        line("FAIL", "door check", f"no live worker accepts producer version {version} (IMPORTER_PRODUCER_VERSION): "
+             "POST /api/imports answers 503 contract.no_worker until one runs")
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

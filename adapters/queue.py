@@ -42,6 +42,7 @@ from importer.domain.contract import encode_message
 from importer.domain.errors import PublicError
 from importer.domain.ports import AttemptStore
 from importer.domain.run_import import PermanentImportFailure, run_import
+from importer.handlers.http import request_id_var
 
 ACTOR_NAME = "import_shipment"
 log = logging.getLogger("importer.worker")
@@ -139,7 +140,10 @@ class ImportQueue:
         self.send_raw(self._body(job_id, batch_id, upload_id))
 
     def _body(self, job_id: str, batch_id: str, upload_id: str) -> dict[str, Any]:
-        return encode_message(job_id, batch_id, upload_id, version=self.settings.producer_version)
+        # A version 2 message carries the request id of the POST that made the job (none outside a request).
+        return encode_message(
+            job_id, batch_id, upload_id, version=self.settings.producer_version, request_id=request_id_var.get()
+        )
 
     def _message(self, body: dict[str, Any]) -> dramatiq.Message[Any]:
         return dramatiq.Message(

@@ -135,6 +135,9 @@ class Keys:
         self.deadline = f"{prefix}jobs:deadline"
         self.fence = f"{prefix}fence"
         self.reconciler_lock = f"{prefix}reconciler:lock"
+        #: [door] live workers: P:workers (id -> expiry ms), P:workers:accepts (id -> "1,2").
+        self.workers = f"{prefix}workers"
+        self.workers_accepts = f"{prefix}workers:accepts"
 
     def job(self, job_id: str) -> str:
         return f"{self.prefix}job:{job_id}"
@@ -157,6 +160,10 @@ class Keys:
     def job_events(self, job_id: str) -> str:
         """stream: one job's events, under the same ids as in P:events."""
         return f"{self.events}:{job_id}"
+
+    def workers_accepting(self, version: int | str) -> str:
+        """[door] zset worker id -> expiry ms of the workers that accept ``version`` ('' = the name prefix)."""
+        return f"{self.workers}:v{version}"
 
     def rate(self, owner: str, window: int) -> str:
         return f"{self.prefix}rate:{owner}:{window}"
@@ -191,6 +198,15 @@ def _int_or_none(value: bytes | None) -> int | None:
 
 def _json_or_none(value: bytes | None) -> Any:
     return json.loads(value) if value not in (None, b"") else None
+
+
+def format_versions(versions: frozenset[int]) -> str:
+    """Contract versions as presence.lua stores them: "1,2"."""
+    return ",".join(str(v) for v in sorted(versions))
+
+
+def parse_versions(text: str) -> frozenset[int]:
+    return frozenset(int(v) for v in text.split(",") if v.strip().isdigit())
 
 
 @cache
@@ -305,8 +321,11 @@ class RedisStore:
         now = self._now()
         keys = [
             k.job(job_id), k.upload(upload_id), k.done(batch_id), k.unsent, k.waiting, k.events, k.owner_jobs(owner),
+            k.workers, k.workers_accepts, k.workers_accepting(s.producer_version),
         ]
-        args: list[Any] = [job_id, batch_id, owner, content_sha256, upload_id, now, csv, s.events_maxlen]
+        args: list[Any] = [
+            job_id, batch_id, owner, content_sha256, upload_id, now, csv, s.events_maxlen, s.producer_version,
+        ]
         if self.messages is not None:
             message = self.messages(job_id, batch_id, upload_id)
             keys += [message.queue_key, message.messages_key, k.deadline]
@@ -318,6 +337,10 @@ class RedisStore:
             return EnqueueOutcome("created", JobState.WAITING, sent=bool(int(reply[1])))
         if kind == "exists":
             return EnqueueOutcome("exists", _s(reply[1]))
+        if kind == "no_worker":
+            return EnqueueOutcome(
+                "no_worker", producer_version=s.producer_version, workers_accept=parse_versions(_s(reply[1]))
+            )
         return EnqueueOutcome("conflict")
 
     def take_rate_token(self, owner: str) -> int:
@@ -595,6 +618,42 @@ class RedisStore:
             waiting, oldest, active, raw = pipe.execute()
         age = max(0.0, (self._now() - oldest[0][1]) / 1000) if oldest else 0.0
         return QueueStats(int(waiting), age, int(active), {_s(key): int(v) for key, v in raw.items()})
+
+    # -- [door] worker presence ---------------------------------------------
+
+    def announce_worker(self, worker_id: str, accepts: frozenset[int], window_ms: int) -> int:
+        """This worker is alive for ``window_ms`` more (server clock) and accepts
+        these contract versions (presence.lua); returns how many workers are live."""
+        with _translate():
+            return int(self._scripts["presence"](
+                keys=[self.keys.workers, self.keys.workers_accepts],
+                args=[worker_id, format_versions(accepts), window_ms, self.keys.workers_accepting("")],
+            ))
+
+    def remove_worker(self, worker_id: str) -> None:
+        """A worker that stops says so: the door stops counting it at once."""
+        with _translate():
+            self._scripts["presence"](
+                keys=[self.keys.workers, self.keys.workers_accepts],
+                args=[worker_id, "", 0, self.keys.workers_accepting("")],
+            )
+
+    def live_workers(self) -> dict[str, frozenset[int]]:
+        """Worker id -> accepted versions of every live worker (expiry not past
+        on the server's clock), as enqueue.lua's door check sees them. One round trip."""
+        with _translate():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.time()
+            pipe.zrange(self.keys.workers, 0, -1, withscores=True)
+            pipe.hgetall(self.keys.workers_accepts)
+            (seconds, micros), entries, accepts = pipe.execute()
+        now_ms = seconds * 1000 + micros // 1000
+        by_id = {_s(k): _s(v) for k, v in accepts.items()}
+        return {
+            _s(worker): parse_versions(by_id[_s(worker)])
+            for worker, expiry in entries
+            if expiry >= now_ms and _s(worker) in by_id
+        }
 
     def ping(self) -> bool:
         """True when Redis answers and accepts writes (a tiny expiring write

@@ -3,10 +3,13 @@
 The message carries references, never the CSV itself, so its size does not
 depend on the file's size.
 
-Rolling upgrade order (README, "Contract versions"): first deploy workers that accept both
+Rolling upgrade order (docs/reliability.md, "Contract versions"): first deploy workers that accept both
 the old and the new version (``IMPORTER_ACCEPTED_VERSIONS=1,2``), then the
 producers that emit the new one (``IMPORTER_PRODUCER_VERSION=2``), then drop
 the old version from the workers once no old message remains in the queue.
+A producer refuses new work at the door when live workers exist and none
+accepts its version (:func:`live_workers_can_run`): the wrong order fails
+loudly with ``503 contract.no_worker`` instead of filling the failed list.
 """
 
 from __future__ import annotations
@@ -16,15 +19,20 @@ from dataclasses import dataclass
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate
 
-from importer.domain.errors import InvalidMessage, UnsupportedContractVersion
 import re
+from collections.abc import Collection
+
+from importer.domain.errors import InvalidMessage, UnsupportedContractVersion
 
 from importer.domain.shipment import is_valid_batch_id
 
 _UPLOAD_ID = re.compile(r"[0-9a-f]{32}")
+#: The HTTP request id as handlers/http.py keeps it (X-Request-Id).
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 #: Versions this code base can read. A worker accepts a configured subset.
-KNOWN_VERSIONS = frozenset({1})
+KNOWN_VERSIONS = frozenset({1, 2})
+#: What a producer sends unless IMPORTER_PRODUCER_VERSION says otherwise.
 CURRENT_VERSION = 1
 
 
@@ -47,7 +55,17 @@ class ImportMessageV1(Schema):
     uploadId = fields.String(required=True, validate=lambda v: _require(_UPLOAD_ID.fullmatch(v) is not None, "not an upload id"))
 
 
-_SCHEMAS: dict[int, Schema] = {1: ImportMessageV1()}
+class ImportMessageV2(ImportMessageV1):
+    """Version 2: version 1 plus ``requestId``, the X-Request-Id of the POST
+    that made the job, so one id follows an import from the HTTP log to the
+    worker's log lines. Absent when no request made the message (the
+    reconciler sending it again, a producer outside HTTP)."""
+
+    version = fields.Integer(required=True, validate=validate.Equal(2))
+    requestId = fields.String(validate=lambda v: _require(_REQUEST_ID.fullmatch(v) is not None, "not a request id"))
+
+
+_SCHEMAS: dict[int, Schema] = {1: ImportMessageV1(), 2: ImportMessageV2()}
 
 
 @dataclass(frozen=True)
@@ -56,13 +74,20 @@ class ImportMessage:
     job_id: str
     batch_id: str
     upload_id: str
+    #: Version 2: the request that made the job (None when none did).
+    request_id: str | None = None
 
 
-def encode_message(job_id: str, batch_id: str, upload_id: str, *, version: int = CURRENT_VERSION) -> dict[str, object]:
-    """The message body a producer sends (validated against its own schema)."""
+def encode_message(
+    job_id: str, batch_id: str, upload_id: str, *, version: int = CURRENT_VERSION, request_id: str | None = None,
+) -> dict[str, object]:
+    """The message body a producer sends (validated against its own schema).
+    ``request_id`` goes into version 2 messages only."""
     if version not in _SCHEMAS:
         raise UnsupportedContractVersion(version)
-    body = {"version": version, "jobId": job_id, "batchId": batch_id, "uploadId": upload_id}
+    body: dict[str, object] = {"version": version, "jobId": job_id, "batchId": batch_id, "uploadId": upload_id}
+    if version >= 2 and request_id is not None:
+        body["requestId"] = request_id
     errors = _SCHEMAS[version].validate(body)
     if errors:
         raise InvalidMessage(f"refusing to send an invalid message: {sorted(errors)}")
@@ -82,7 +107,7 @@ def decode_message(payload: object, accepted_versions: frozenset[int]) -> Import
         data = _SCHEMAS[version].load(dict(payload))
     except ValidationError as err:
         raise InvalidMessage(f"fields {sorted(err.messages)} are not valid") from None
-    return ImportMessage(version, data["jobId"], data["batchId"], data["uploadId"])
+    return ImportMessage(version, data["jobId"], data["batchId"], data["uploadId"], data.get("requestId"))
 
 
 def job_id_of(payload: object) -> str | None:
@@ -92,3 +117,15 @@ def job_id_of(payload: object) -> str | None:
         if isinstance(job_id, str) and 0 < len(job_id) <= 128:
             return job_id
     return None
+
+
+def live_workers_can_run(version: int, live_workers_accept: Collection[frozenset[int]]) -> bool:
+    """The door check: may a producer of ``version`` record new work now?
+
+    ``live_workers_accept`` holds the accepted versions of each live worker.
+    With no live worker at all the answer is yes (queued work waits for
+    workers); with some, at least one of them must accept ``version``.
+    (adapters/lua/enqueue.lua decides the same inside the enqueue script; a
+    test holds the two to the same answers.)
+    """
+    return not live_workers_accept or any(version in accepts for accepts in live_workers_accept)

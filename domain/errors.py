@@ -29,6 +29,7 @@ EXPLANATIONS: dict[str, tuple[str, str]] = {
     # Queue contract
     "contract.unsupported_version": ("Message contract version not supported", "The worker does not accept this message version; upgrade the workers before the producers."),
     "contract.invalid_message": ("Message is not valid", "The queue message does not follow the contract; it was not applied."),
+    "contract.no_worker": ("No running worker accepts this server's contract version", "Nothing was recorded: the workers that are running cannot read the message version this server sends (producerVersion; the versions they accept are in acceptedVersions). Deploy workers that accept it first (IMPORTER_ACCEPTED_VERSIONS), then send again."),
     # Transient causes that exhausted their attempts
     "import.attempts_exhausted": ("Import failed after all attempts", "The import kept failing for a temporary reason. Send it again; it will not be applied twice."),
     "import.time_limit": ("Import took too long", "The import exceeded its time limit on every attempt. Send it again or split it into smaller files."),
@@ -123,6 +124,35 @@ class UnsupportedContractVersion(DomainError):
 
 class InvalidMessage(DomainError):
     code = "contract.invalid_message"
+
+
+class NoWorkerAccepts(DomainError):
+    """Live workers exist and none accepts the message version this producer
+    sends: new work is refused at the door, nothing is recorded (transient:
+    it passes once such a worker runs)."""
+
+    code = "contract.no_worker"
+    permanent = False
+    retry_after_s = 5
+
+    def __init__(self, version: int, accepted: frozenset[int]) -> None:
+        super().__init__(f"no live worker accepts version {version}; they accept {sorted(accepted)}")
+        self.version = version
+        self.accepted = accepted
+
+    def public_members(self) -> dict[str, object]:
+        """What the answer says about it: the versions (no worker names or addresses)."""
+        accepted = sorted(self.accepted)
+        listed = ", ".join(str(v) for v in accepted)
+        return {
+            "detail": (
+                f"Nothing was recorded: this server sends queue messages of contract version {self.version}, "
+                f"and the workers running now accept only version{'s' if len(accepted) > 1 else ''} {listed}. "
+                f"Deploy workers that accept version {self.version} first (IMPORTER_ACCEPTED_VERSIONS), then send again."
+            ),
+            "producerVersion": self.version,
+            "acceptedVersions": accepted,
+        }
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,17 @@ from importer.domain.shipment import Shipment
 class EnqueueOutcome:
     """What recording a job did."""
 
-    kind: Literal["created", "exists", "conflict"]
+    #: 'no_worker': live workers exist and none accepts the producer's
+    #: contract version; nothing was recorded (the door check).
+    kind: Literal["created", "exists", "conflict", "no_worker"]
     #: The job's state when it exists ('waiting' for a new one).
     state: str = ""
     #: A new job's message was written in the same atomic step as its record
     #: (the Redis transport): there is nothing left to send.
     sent: bool = False
+    #: 'no_worker': the version refused, and every version the live workers accept.
+    producer_version: int = 0
+    workers_accept: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,8 @@ def run_import(
         raise PermanentImportFailure(exc.code) from None
 
     ctx: dict[str, Any] = {"jobId": msg.job_id, "batchId": msg.batch_id}
+    if msg.request_id:  # contract version 2: the POST that made the job
+        ctx["requestId"] = msg.request_id
     outcome = store.start_attempt(msg.job_id, msg.upload_id)
     if outcome.kind == "upload_missing":
         store.record_failure(

@@ -1,8 +1,9 @@
 """Use case "take an upload": content identity, record the job once, send its message.
 
 Called by every producer: the HTTP and serverless handlers, the CLI's tools
-and the bench. It raises :class:`BatchConflict`; the transport maps its code
-to an answer. (The HTTP edge takes the per-owner rate limit before it reads
+and the bench. It raises :class:`BatchConflict`, or :class:`NoWorkerAccepts`
+when live workers exist and none accepts the producer's contract version
+(nothing recorded); the transport maps its code to an answer. (The HTTP edge takes the per-owner rate limit before it reads
 the body, so before this runs.)
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from importer.domain.errors import BatchConflict
+from importer.domain.errors import BatchConflict, NoWorkerAccepts
 from importer.domain.ports import JobRecorder, MessageSender
 from importer.domain.shipment import content_key, job_id_for
 
@@ -44,6 +45,8 @@ def submit_import(
     )
     if outcome.kind == "conflict":
         raise BatchConflict()
+    if outcome.kind == "no_worker":
+        raise NoWorkerAccepts(outcome.producer_version, outcome.workers_accept)
     if outcome.kind == "created" and not outcome.sent:
         sender.send(job_id=job_id, batch_id=batch_id, upload_id=upload_id)
         recorder.mark_sent(job_id)

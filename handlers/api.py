@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from marshmallow import ValidationError
 
+from importer.domain.contract import CURRENT_VERSION, live_workers_can_run
 from importer.domain.errors import RateLimited
 from importer.domain.jobs import JobRecord, ShipmentRecord
 from importer.domain.ports import JobRecorder, MessageSender
@@ -53,6 +54,7 @@ class JobStore(JobRecorder, Protocol):
     def read_receipt(self, batch_id: str, start: int, length: int) -> bytes: ...
     def take_rate_token(self, owner: str) -> int: ...
     def ping(self) -> bool: ...
+    def live_workers(self) -> dict[str, frozenset[int]]: ...
     def list_jobs(
         self, owner: str, *, limit: int, state: str | None = None, after: tuple[int, str] | None = None,
     ) -> tuple[list[JobRecord], tuple[int, str] | None]: ...
@@ -100,6 +102,8 @@ class Api:
     max_concurrent_uploads: int = 1
     #: Called after a large upload was handled, its buffers freed (returns free heap memory to the OS).
     release_memory: Callable[[], None] = lambda: None
+    #: The contract version this process's messages carry (IMPORTER_PRODUCER_VERSION), for /health.
+    producer_version: int = CURRENT_VERSION
 
 
 def _time(ms: int | None) -> datetime | None:
@@ -208,18 +212,28 @@ def health(api: Api, req: Request) -> Response:
     """GET /health: 200 when not closing and Redis answers and accepts writes.
 
     503 reasons: ``closing``, ``redis_unreachable``, ``redis_refuses_writes``
-    (full, read-only, loading...)."""
+    (full, read-only, loading...). With 200, ``workers``: the live workers as
+    the door check sees them. No live worker, or none accepting this
+    server's version, is still 200: it is not this process that is sick, and
+    its GETs keep serving (its POSTs wait, or answer 503 contract.no_worker)."""
     if api.lifecycle.closing:
         return json_response(503, {"status": "unavailable", "reason": "closing"})
     reason = "redis_unreachable"
     try:
         answered = api.store.ping()
+        live = list(api.store.live_workers().values()) if answered else []
     except api.unavailable_errors as exc:
         answered = False
         reason = getattr(exc, "reason", reason)
     if not answered:
         return json_response(503, {"status": "unavailable", "reason": reason}, (("Retry-After", "5"),))
-    return json_response(200, {"status": "ok"})
+    workers = {
+        "alive": len(live),
+        "acceptedVersions": sorted(frozenset().union(*live)),
+        "producerVersion": api.producer_version,
+        "acceptsImports": live_workers_can_run(api.producer_version, live),
+    }
+    return json_response(200, {"status": "ok", "workers": workers})
 
 
 def openapi_document(api: Api, req: Request) -> Response:

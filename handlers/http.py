@@ -74,7 +74,9 @@ def problem(
     code: str, *, instance: str | None = None, headers: tuple[tuple[str, str], ...] = (), **extra: Any
 ) -> Response:
     """An RFC 9457 problem response. The status comes from the one table
-    (handlers/problems.py); title and detail from the fixed explanations, never from exceptions."""
+    (handlers/problems.py); title and detail from the fixed explanations, never from exceptions'
+    text (an error's ``public_members`` may give a detail made of plain values only, e.g.
+    contract.no_worker's versions, through ``extra``)."""
     status = status_of(code)
     title, detail = explain(code)
     payload: dict[str, Any] = {

@@ -34,6 +34,7 @@ HTTP_STATUS: dict[str, int] = {
     "response.too_large": 501,
     "service.unavailable": 503,
     "service.busy": 503,
+    "contract.no_worker": 503,
 }
 
 #: Response headers that come with a code (documented in the OpenAPI document).
@@ -43,6 +44,7 @@ HEADERS_OF: dict[str, dict[str, str]] = {
     "request.rate_limited": {"Retry-After": "Seconds to wait."},
     "service.unavailable": {"Retry-After": "Seconds to wait."},
     "service.busy": {"Retry-After": "Seconds to wait."},
+    "contract.no_worker": {"Retry-After": "Seconds to wait."},
 }
 
 
@@ -70,4 +72,6 @@ def api_error_for(exc: DomainError, *, instance: str | None = None) -> ApiError:
     headers = (("Retry-After", str(retry_after)),) if retry_after is not None else ()
     if exc.code not in HTTP_STATUS:
         return ApiError("internal")
-    return ApiError(exc.code, headers, instance=instance)
+    # Members an error documents about itself (contract.no_worker: the versions).
+    members = getattr(exc, "public_members", None)
+    return ApiError(exc.code, headers, extra=members() if members is not None else None, instance=instance)

@@ -74,10 +74,16 @@ ROUTES: tuple[Route, ...] = (
     }, errors=(
         "request.bad_json", "request.incomplete", *_API_ERRORS, "batch.conflict", "request.too_large",
         "request.unsupported_media_type", "request.invalid", "request.rate_limited", "service.busy",
+        "contract.no_worker",
     ), error_notes={
         "batch.conflict": (
             "The batchId is already bound to other content or another producer; the answer is the same "
             "in both cases and reveals nothing about the other shipment"
+        ),
+        "contract.no_worker": (
+            "Live workers exist and none accepts the contract version this server sends (producerVersion; they "
+            "accept acceptedVersions); nothing was recorded. With no live worker at all the import is accepted "
+            "and waits"
         ),
     }, before_body=(h.take_rate_token,)),
     Route("GET", "/api/imports", my_imports.list_imports, {
@@ -202,7 +208,12 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/health", h.health, {
         "operationId": "health",
         "summary": "Liveness of this HTTP process and its Redis",
-        "description": "200 when the process is not closing and Redis answers PING. It does not claim a worker is free.",
+        "description": (
+            "200 when the process is not closing and Redis answers PING. It does not claim a worker is free. "
+            "`workers` tells how many workers are live and which contract versions they accept, and whether "
+            "this server's imports pass the door check (`acceptsImports`); none alive is still 200: imports "
+            "are accepted and wait."
+        ),
         "security": [],
         "responses": {
             "200": {"description": "Healthy.", "content": {"application/json": {"schema": "Health"}}},

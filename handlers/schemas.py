@@ -150,9 +150,23 @@ class ReceiptSchema(Schema):
     })
 
 
+class WorkersSchema(Schema):
+    """[door] The live workers as the door check sees them (no names or addresses)."""
+
+    alive = fields.Integer(required=True, metadata={"description": "Worker processes alive now (0: imports wait for one)."})
+    acceptedVersions = fields.List(fields.Integer(), required=True, metadata={
+        "description": "Every contract version some live worker accepts, ascending.",
+    })
+    producerVersion = fields.Integer(required=True, metadata={"description": "The contract version this server sends."})
+    acceptsImports = fields.Boolean(required=True, metadata={
+        "description": "false: a new import answers 503 contract.no_worker (live workers, none accepts producerVersion).",
+    })
+
+
 class HealthSchema(Schema):
     status = fields.String(required=True, validate=validate.OneOf(["ok", "unavailable"]))
     reason = fields.String(metadata={"description": "Why the service is unavailable: 'closing' or 'redis_unreachable'."})
+    workers = fields.Nested(WorkersSchema, metadata={"description": "With status ok: the live workers."})
 
 
 class ProblemSchema(Schema):
@@ -170,3 +184,7 @@ class ProblemSchema(Schema):
         values=fields.List(fields.String()),
         metadata={"description": "For request.invalid: the invalid fields and why."},
     )
+    producerVersion = fields.Integer(metadata={"description": "For contract.no_worker: the contract version this server sends."})
+    acceptedVersions = fields.List(fields.Integer(), metadata={
+        "description": "For contract.no_worker: every contract version the live workers accept.",
+    })

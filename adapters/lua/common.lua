@@ -33,6 +33,10 @@
 --   P:fence                 string  the attempts' fencing tokens (INCR in start.lua)
 --   P:reconciler:lock       string  one reconciler pass at a time (expires)
 --   P:health                string  /health's write probe (expires)
+--   P:workers               zset    [door] worker id -> expiry ms (server clock) of its last presence beat
+--   P:workers:accepts       hash    [door] worker id -> the contract versions it accepts, e.g. "1,2"
+--   P:workers:v<version>    zset    [door] worker id -> expiry ms, of the workers accepting that version
+--                                   (all three written by presence.lua; read by enqueue.lua's door check)
 --
 -- Time: enqueue.lua uses the caller's clock (createdAt,
 -- rate-limit window); start, apply and fail use the server's (server_ms), so
@@ -166,4 +170,32 @@ local function mark_failed(step, batch_id, owner, attempt, error_json, diagnosti
   count_failed(step.stats, error_json)
   observe_duration(step)
   retain(step, step.failed, step.failed_of, owner or '', step.keep_failed_age, step.keep_failed_count)
+end
+
+-- [door] nil when a producer of `version` may record new work, else the
+-- versions the live workers accept ("1,3", ascending). Live: expiry (server
+-- clock, see presence.lua) not past. One ZCOUNT when a live worker accepts
+-- the version, whatever the number of workers; the rest only when none does.
+-- No live worker at all: nil (queued work waits). A live id without an
+-- accepts entry (removed by hand) counts as absent.
+local function no_worker_accepts(workers_key, accepts_key, version_key, version)
+  local now = server_ms()
+  if redis.call('ZCOUNT', version_key, now, '+inf') > 0 then return nil end
+  local live = redis.call('ZRANGEBYSCORE', workers_key, now, '+inf')
+  if #live == 0 then return nil end
+  local seen, any = {}, false
+  for _, accepts in ipairs(redis.call('HMGET', accepts_key, unpack(live))) do
+    if accepts then
+      for v in string.gmatch(accepts, '%d+') do
+        if v == version then return nil end
+        seen[tonumber(v)] = true
+        any = true
+      end
+    end
+  end
+  if not any then return nil end
+  local versions = {}
+  for v in pairs(seen) do versions[#versions + 1] = v end
+  table.sort(versions)
+  return table.concat(versions, ',')
 end

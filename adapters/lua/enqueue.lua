@@ -6,13 +6,17 @@
 -- ARGV[1] jobId  ARGV[2] batchId  ARGV[3] owner  ARGV[4] contentSha256
 -- ARGV[5] uploadId  ARGV[6] nowMs  ARGV[7] csv bytes  ARGV[8] events maxlen
 --
+-- KEYS[8] P:workers  KEYS[9] P:workers:accepts  KEYS[10] P:workers:v<ARGV[9]>
+--   [door] the live workers (presence.lua)
+-- ARGV[9] the contract version of the message this producer sends
+--
 -- (The per-owner rate limit is not here: it is taken before the body is read,
 -- RedisStore.take_rate_token.)
 --
 -- With the job's dramatiq message (Redis transport, the broker on this Redis):
--- KEYS[8] <namespace>:<queue>  KEYS[9] <namespace>:<queue>.msgs  KEYS[10] P:jobs:deadline
--- ARGV[9] redis_message_id  ARGV[10] the message as dramatiq's encoder wrote it
--- ARGV[11] waiting grace ms
+-- KEYS[11] <namespace>:<queue>  KEYS[12] <namespace>:<queue>.msgs  KEYS[13] P:jobs:deadline
+-- ARGV[10] redis_message_id  ARGV[11] the message as dramatiq's encoder wrote it
+-- ARGV[12] waiting grace ms
 --   written as dramatiq's RedisBroker.enqueue (its dispatch.lua) writes it:
 --   HSET the data under the id in .msgs, RPUSH the id on the queue list. So
 --   no job ever exists without its message, and no unsent entry is needed;
@@ -21,10 +25,15 @@
 --   Without them the job goes into P:jobs:unsent until the caller marks it sent.
 --
 -- Returns {'created', sent (1|0)} | {'exists', state} | {'conflict', reason}
+--   | {'no_worker', '1,3'}
 --   'exists': the job record is still there with the same owner and content
 --   (like BullMQ's jobId: enqueueing again is a no-op).
 --   'conflict': the batchId is bound to another owner or other content, in
 --   a live job record or in the durable done marker. The reason stays in logs.
+--   'no_worker' [door]: before anything is written, when live workers exist
+--   and none accepts ARGV[9]; with every version they accept, ascending
+--   (domain/contract.py live_workers_can_run decides the same). Live: a
+--   presence entry whose expiry, on the server's clock, is not past.
 
 local job_key, upload_key, done_key = KEYS[1], KEYS[2], KEYS[3]
 local job_id, batch_id, owner, sha = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
@@ -42,6 +51,9 @@ if done[1] then
   if done[2] ~= sha then return {'conflict', 'content'} end
 end
 
+local refused = no_worker_accepts(KEYS[8], KEYS[9], KEYS[10], ARGV[9])  -- [door]
+if refused then return {'no_worker', refused} end
+
 redis.call('HSET', job_key,
   'id', job_id, 'batchId', batch_id, 'owner', owner, 'state', 'waiting',
   'attempt', 0, 'contentSha256', sha, 'uploadId', ARGV[5],
@@ -50,12 +62,12 @@ redis.call('SET', upload_key, ARGV[7])
 redis.call('ZADD', KEYS[5], ARGV[6], job_id)
 redis.call('ZADD', KEYS[7], ARGV[6], job_id)  -- [console] GET /api/imports
 emit(KEYS[6], ARGV[8], 'waiting', job_id, batch_id, 0, '{}')
-local queue_key, messages_key = KEYS[8], KEYS[9]
-local message_id, message_data = ARGV[9], ARGV[10]
+local queue_key, messages_key = KEYS[11], KEYS[12]
+local message_id, message_data = ARGV[10], ARGV[11]
 if queue_key and message_id then
   redis.call('HSET', messages_key, message_id, message_data)
   redis.call('RPUSH', queue_key, message_id)
-  redis.call('ZADD', KEYS[10], 'NX', tonumber(ARGV[6]) + tonumber(ARGV[11]), job_id)
+  redis.call('ZADD', KEYS[13], 'NX', tonumber(ARGV[6]) + tonumber(ARGV[12]), job_id)
   return {'created', 1}
 end
 redis.call('ZADD', KEYS[4], ARGV[6], job_id)

@@ -48,7 +48,7 @@ def test_the_seed_scenario_under_waitress(waitress_system: System) -> None:
     assert s.request("GET", "/api/imports/shipment-shipment-a-2026", key=s.other_key)[0] == 404
     assert s.request("GET", "/api/shipments/shipment-a-2026")[0] == 200
     status, _, body = s.request("GET", "/health", key=None)
-    assert (status, json.loads(body)) == (200, {"status": "ok"})
+    assert (status, json.loads(body)["status"], json.loads(body)["workers"]["acceptsImports"]) == (200, "ok", True)
 
     port = int(s.base_url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:

@@ -132,3 +132,21 @@ def test_the_generated_client_drives_a_full_import(system: System, importer_clie
     with importer_client.Client(base_url=system.base_url) as anonymous:
         unauthorized = get_import.sync_detailed(client=anonymous, job_id="shipment-gen-1")
         assert unauthorized.status_code == 401 and unauthorized.parsed.code == "auth.required"
+
+
+def test_the_generated_client_reads_the_door_check(make_system: Any, importer_client: Any) -> None:
+    """[door] /health's workers and the 503 contract.no_worker problem, typed by the generated client."""
+    from importer_client.api.default import enqueue_import, health  # type: ignore[import-not-found]
+    from importer_client.models import EnqueueRequest, Problem  # type: ignore[import-not-found]
+
+    system: System = make_system()
+    system.start_worker(IMPORTER_ACCEPTED_VERSIONS="1")
+    system.start_http(IMPORTER_PRODUCER_VERSION="2")
+    with importer_client.AuthenticatedClient(base_url=system.base_url, token=system.api_key) as client:
+        workers = health.sync(client=client).workers
+        assert (workers.alive, workers.accepted_versions, workers.producer_version, workers.accepts_imports) == (1, [1], 2, False)
+        refused = enqueue_import.sync_detailed(client=client, body=EnqueueRequest(batch_id="gen-door", csv=SEED))
+        assert refused.status_code == 503 and isinstance(refused.parsed, Problem)
+        assert refused.parsed.code == "contract.no_worker"
+        assert (refused.parsed.producer_version, refused.parsed.accepted_versions) == (2, [1])
+        assert refused.headers["Retry-After"] == "5"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from importer.domain.contract import live_workers_can_run
 from importer.domain.jobs import JobRecord, ShipmentRecord
 from importer.domain.errors import PublicError
 from importer.domain.ports import ApplyResult, EnqueueOutcome, StartedAttempt, StartOutcome
@@ -41,6 +42,9 @@ class FakeStore:
     receipts: dict[str, bytes] = field(default_factory=dict)
     #: Make read_receipt raise this from its n-th call on (a store lost in mid-stream).
     receipt_failure: tuple[int, BaseException] | None = None
+    #: The door check: the live workers' accepted versions (worker id -> versions), the producer's version.
+    workers: dict[str, frozenset[int]] = field(default_factory=dict)
+    producer_version: int = 1
 
     def _call(self, name: str) -> None:
         self.calls.append(name)
@@ -53,6 +57,9 @@ class FakeStore:
         self._call("enqueue")
         existing = self.jobs.get(job_id)
         if existing is None:
+            if not live_workers_can_run(self.producer_version, list(self.workers.values())):
+                accepted = frozenset().union(*self.workers.values())
+                return EnqueueOutcome("no_worker", producer_version=self.producer_version, workers_accept=accepted)
             self.jobs[job_id] = JobRecord(
                 id=job_id, batch_id=batch_id, owner=owner, state="waiting", attempt=0,
                 progress=None, result=None, error=None, created_at_ms=NOW_MS, updated_at_ms=NOW_MS,
@@ -103,6 +110,10 @@ class FakeStore:
     def ping(self) -> bool:
         self._call("ping")
         return True
+
+    def live_workers(self) -> dict[str, frozenset[int]]:
+        self._call("live_workers")
+        return dict(self.workers)
 
     def list_jobs(
         self, owner: str, *, limit: int, state: str | None = None, after: tuple[int, str] | None = None,

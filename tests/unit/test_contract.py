@@ -13,6 +13,7 @@ from importer.domain.contract import (
     decode_message,
     encode_message,
     job_id_of,
+    live_workers_can_run,
 )
 from importer.domain.errors import InvalidMessage, UnsupportedContractVersion, public_error_for
 
@@ -28,7 +29,7 @@ def body(**overrides: object) -> dict[str, object]:
 
 def test_versions() -> None:
     assert CURRENT_VERSION == 1
-    assert KNOWN_VERSIONS == frozenset({1})
+    assert KNOWN_VERSIONS == frozenset({1, 2})
 
 
 def test_encode_gives_the_documented_body() -> None:
@@ -52,8 +53,8 @@ def test_decode_with_several_accepted_versions() -> None:
 
 def test_encode_unknown_version() -> None:
     with pytest.raises(UnsupportedContractVersion) as info:
-        encode_message("j", "batch-a", UPLOAD, version=2)
-    assert info.value.version == 2
+        encode_message("j", "batch-a", UPLOAD, version=3)
+    assert info.value.version == 3
     assert info.value.code == "contract.unsupported_version"
 
 
@@ -67,13 +68,62 @@ def test_encode_refuses_an_invalid_message(job_id: str, batch_id: str, upload_id
 
 
 @pytest.mark.parametrize("accepted", [V1, frozenset({1, 2}), frozenset({2})])
-def test_version_2_is_unsupported(accepted: frozenset[int]) -> None:
-    # Version 2 is not known to this code base even if configured as accepted.
+def test_version_3_is_unsupported(accepted: frozenset[int]) -> None:
+    # Version 3 is not known to this code base even if configured as accepted.
     with pytest.raises(UnsupportedContractVersion) as info:
-        decode_message(body(version=2), accepted)
-    assert info.value.version == 2
+        decode_message(body(version=3), accepted | {3})
+    assert info.value.version == 3
     assert info.value.permanent is True
     assert public_error_for(info.value).code == "contract.unsupported_version"
+
+
+def test_version_2_carries_the_request_id() -> None:
+    encoded = encode_message("shipment-batch-a", "batch-a", UPLOAD, version=2, request_id="req-1")
+    assert encoded == body(version=2, requestId="req-1")
+    assert decode_message(encoded, frozenset({1, 2})) == ImportMessage(2, "shipment-batch-a", "batch-a", UPLOAD, "req-1")
+    # Without a request (the reconciler sending it again) the field is absent; version 1 never has it.
+    assert encode_message("j", "batch-a", UPLOAD, version=2) == {"version": 2, "jobId": "j", "batchId": "batch-a", "uploadId": UPLOAD}
+    assert decode_message(body(version=2), frozenset({2})).request_id is None
+    assert "requestId" not in encode_message("j", "batch-a", UPLOAD, version=1, request_id="req-1")
+
+
+@pytest.mark.parametrize("payload", [body(requestId="r"), body(version=2, requestId="a b"), body(version=2, requestId=""),
+                                     body(version=2, requestId="r" * 129), body(version=2, requestId=5)])
+def test_a_request_id_only_in_version_2_and_sane(payload: dict[str, object]) -> None:
+    with pytest.raises(InvalidMessage):
+        decode_message(payload, frozenset({1, 2}))
+
+
+def test_version_2_not_accepted_by_a_version_1_worker() -> None:
+    with pytest.raises(UnsupportedContractVersion) as info:
+        decode_message(body(version=2), V1)
+    assert info.value.version == 2
+
+
+# -- the door check (item 3 of issue 14): plain data in, a decision out ----------------
+
+
+@pytest.mark.parametrize(("version", "live", "runs"), [
+    (1, [], True),                                  # no worker alive: accepted, the job waits
+    (2, [], True),
+    (1, [frozenset({1})], True),
+    (2, [frozenset({1})], False),                   # only non-matching live workers
+    (2, [frozenset({1}), frozenset({1, 2})], True), # one matching worker is enough
+    (2, [frozenset({1}), frozenset({1})], False),
+    (1, [frozenset({2}), frozenset({1, 2})], True),
+    (1, [frozenset({2})], False),
+])
+def test_live_workers_can_run(version: int, live: list[frozenset[int]], runs: bool) -> None:
+    assert live_workers_can_run(version, live) is runs
+
+
+def test_the_refusal_names_the_versions() -> None:
+    from importer.domain.errors import NoWorkerAccepts
+
+    members = NoWorkerAccepts(2, frozenset({1, 3})).public_members()
+    assert members["producerVersion"] == 2 and members["acceptedVersions"] == [1, 3]
+    assert "version 2" in str(members["detail"]) and "versions 1, 3" in str(members["detail"])
+    assert "version 1." in str(NoWorkerAccepts(2, frozenset({1})).public_members()["detail"])
 
 
 @pytest.mark.parametrize("accepted", [frozenset(), frozenset({2}), frozenset({0, 3})])
@@ -163,7 +213,7 @@ def test_limits_are_inclusive() -> None:
 def test_job_id_of() -> None:
     assert job_id_of(body()) == "shipment-batch-a"
     # Works on messages that cannot be decoded, which is its purpose.
-    assert job_id_of(body(version=2, uploadId="nope")) == "shipment-batch-a"
+    assert job_id_of(body(version=3, uploadId="nope")) == "shipment-batch-a"
     assert job_id_of({"jobId": "j" * 128}) == "j" * 128
     assert job_id_of(MappingProxyType({"jobId": "x"})) == "x"
 

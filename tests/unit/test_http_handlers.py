@@ -682,8 +682,49 @@ def test_health_ok(h: Harness) -> None:
 
     assert result.status == 200
     assert result.header("Content-Type") == "application/json"
-    assert result.json() == {"status": "ok"}
-    assert h.store.calls == ["ping"]
+    assert result.json() == {
+        "status": "ok",
+        "workers": {"alive": 0, "acceptedVersions": [], "producerVersion": 1, "acceptsImports": True},
+    }
+    assert h.store.calls == ["ping", "live_workers"]
+
+
+def test_health_reports_the_live_workers_and_the_door(h: Harness) -> None:
+    h.api.producer_version = h.store.producer_version = 2
+    h.store.workers = {"host:1:a": frozenset({1}), "host:2:b": frozenset({1, 3})}
+
+    result = h.call("GET", "/health", key=None)
+
+    # Still 200: this process is fine, its GETs serve; its POSTs answer 503 contract.no_worker.
+    assert result.status == 200
+    assert result.json()["workers"] == {"alive": 2, "acceptedVersions": [1, 3], "producerVersion": 2, "acceptsImports": False}
+    assert "host" not in result.body.decode()  # no worker names or hosts on an open route
+
+
+# -- the door check: 503 contract.no_worker ------------------------------------------
+
+
+def test_no_live_worker_accepting_the_version_is_503_and_records_nothing(h: Harness) -> None:
+    h.store.producer_version = 2
+    h.store.workers = {"w1": frozenset({1})}
+
+    result = h.post_json({"batchId": "b-door", "csv": VALID_CSV})
+
+    body = assert_problem(result, 503, "contract.no_worker")
+    assert result.header("Retry-After") == "5"
+    assert body["producerVersion"] == 2 and body["acceptedVersions"] == [1]
+    assert "version 2" in body["detail"] and "version 1" in body["detail"]
+    assert h.store.jobs == {} and h.store.uploads == {} and h.sender.sent == []
+    assert h.store.rate_tokens == ["owner-a"]  # taken before the body was read, as for any POST
+
+
+@pytest.mark.parametrize("workers", [{}, {"w1": frozenset({1}), "w2": frozenset({1, 2})}])
+def test_no_worker_alive_or_one_matching_is_accepted(h: Harness, workers: dict[str, frozenset[int]]) -> None:
+    h.store.producer_version = 2
+    h.store.workers = workers
+
+    assert h.post_json({"batchId": "b-door-ok", "csv": VALID_CSV}).status == 202
+    assert "shipment-b-door-ok" in h.store.jobs
 
 
 def test_health_is_503_closing_once_shutdown_began(h: Harness) -> None:

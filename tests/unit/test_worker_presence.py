@@ -1,0 +1,61 @@
+"""[door] A worker process's presence beat (adapters/worker_presence.py), against a small recording store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from importer.adapters.redis_store import StoreUnavailable
+from importer.adapters.settings import Settings
+from importer.adapters.worker_presence import WorkerPresence, new_worker_id
+
+
+@dataclass
+class PresenceStore:
+    calls: list[tuple[str, ...]] = field(default_factory=list)
+    down: bool = False
+
+    def announce_worker(self, worker_id: str, accepts: frozenset[int], window_ms: int) -> int:
+        if self.down:
+            raise StoreUnavailable("down")
+        self.calls.append(("announce", worker_id, ",".join(map(str, sorted(accepts))), str(window_ms)))
+        return 1
+
+    def remove_worker(self, worker_id: str) -> None:
+        if self.down:
+            raise StoreUnavailable("down")
+        self.calls.append(("remove", worker_id))
+
+
+def presence(store: PresenceStore) -> WorkerPresence:
+    settings = Settings(accepted_versions=frozenset({1, 2}), heartbeat_timeout_s=15.0)
+    return WorkerPresence(store, settings, worker_id="w1")  # type: ignore[arg-type]
+
+
+def test_it_announces_its_versions_for_the_heartbeat_window_every_third_of_it() -> None:
+    store = PresenceStore()
+    beat = presence(store)
+    assert beat.interval_s == 5.0
+    assert beat.beat() is True
+    assert store.calls == [("announce", "w1", "1,2", "15000")]
+
+
+def test_it_leaves_when_it_stops_and_never_announces_again() -> None:
+    store = PresenceStore()
+    beat = presence(store)
+    beat.before_worker_shutdown(None, None)
+    assert store.calls == [("remove", "w1")]
+    assert beat.beat() is False  # a beat after the goodbye would make it live again
+    assert store.calls == [("remove", "w1")]
+
+
+def test_a_sick_redis_neither_kills_the_beat_nor_the_shutdown() -> None:
+    store = PresenceStore(down=True)
+    beat = presence(store)
+    assert beat.beat() is False
+    beat.before_worker_shutdown(None, None)  # no exception: the entry expires on its own
+    assert store.calls == []
+
+
+def test_worker_ids_are_unique_and_readable() -> None:
+    first, second = new_worker_id(), new_worker_id()
+    assert first != second and first.count(":") == 2
