@@ -14,7 +14,7 @@ from importlib import resources
 #: finished attempt in the smallest bucket it fits; /metrics makes them cumulative.
 DURATION_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
 
-SCRIPT_NAMES = ("enqueue", "start", "apply", "fail", "read_owned", "reconcile", "renew")
+SCRIPT_NAMES = ("enqueue", "start", "apply", "fail", "read_owned", "reconcile", "renew", "read_rejections")
 
 
 def _constants() -> str:

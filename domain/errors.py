@@ -45,6 +45,7 @@ EXPLANATIONS: dict[str, tuple[str, str]] = {
     "request.method_not_allowed": ("Method not allowed", "See openapi.yaml for the methods of this path."),
     "auth.required": ("API key required", "Send 'Authorization: Bearer <key>' with a key issued for your producer."),
     "job.not_found": ("No such import job", "The job record does not exist or was removed by retention some time after it finished. A missing record does not mean the batch was never applied: read GET /api/shipments/{batchId} for the durable history."),
+    "rejections.not_found": ("No rejection report for this import", "Only an import that failed CSV validation has a rejection report. Read GET /api/imports/{jobId}: its state and error say what happened."),
     "shipment.not_found": ("No applied shipment with this batchId", "This batch has not been applied (yet). If you sent it, read its job: GET /api/imports/shipment-{batchId}."),
     "service.busy": ("Server busy", "This server holds as many live event streams, or reads as many large uploads, as it takes at once. Retry after the seconds in Retry-After (an event stream: or poll GET /api/imports/{jobId})."),
     "request.stream_unsupported": ("Live streams not supported here", "This deployment cannot hold a live stream open. Poll GET /api/imports/{jobId} instead."),

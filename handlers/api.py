@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from marshmallow import ValidationError
 
 from importer.domain.errors import RateLimited
-from importer.domain.jobs import JobRecord, ShipmentRecord
+from importer.domain.jobs import JobRecord, JobState, RejectionReport, ShipmentRecord
 from importer.domain.ports import JobRecorder, MessageSender
 from importer.domain.shipment import BATCH_ID_PATTERN, is_valid_batch_id
 from importer.domain.submit_import import submit_import
@@ -47,6 +47,7 @@ class JobStore(JobRecorder, Protocol):
     # alike, having read nothing of the latter but its owner.
     def get_owned_job(self, job_id: str, owner: str) -> JobRecord | None: ...
     def get_owned_shipment(self, batch_id: str, owner: str) -> ShipmentRecord | None: ...
+    def get_owned_rejections(self, job_id: str, owner: str) -> tuple[JobState, RejectionReport | None] | None: ...
     def take_rate_token(self, owner: str) -> int: ...
     def ping(self) -> bool: ...
     def list_jobs(
@@ -102,8 +103,16 @@ def _time(ms: int | None) -> datetime | None:
     return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
 
 
+def rejections_path(job_id: str) -> str:
+    """Where a failed validation's rejection report is (handlers/rejections.py)."""
+    return f"/api/imports/{job_id}/rejections.csv"
+
+
 def job_status(record: JobRecord) -> dict[str, Any]:
     """The public view of a job record (an allow-list: nothing else leaves)."""
+    error = record.error
+    if isinstance(error, dict) and isinstance(error.get("rejections"), dict):
+        error = {**error, "rejections": {**error["rejections"], "url": rejections_path(record.id)}}
     payload = {
         "id": record.id,
         "batchId": record.batch_id,
@@ -111,7 +120,7 @@ def job_status(record: JobRecord) -> dict[str, Any]:
         "attempt": record.attempt,
         "progress": record.progress,
         "result": record.result,
-        "error": record.error,
+        "error": error,
         "createdAt": _time(record.created_at_ms),
         "updatedAt": _time(record.updated_at_ms),
         "startedAt": _time(record.started_at_ms),

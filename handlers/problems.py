@@ -21,6 +21,7 @@ HTTP_STATUS: dict[str, int] = {
     "request.not_found": 404,
     "job.not_found": 404,
     "shipment.not_found": 404,
+    "rejections.not_found": 404,
     "request.method_not_allowed": 405,
     "batch.conflict": 409,
     "request.too_large": 413,

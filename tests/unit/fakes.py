@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from importer.domain.jobs import JobRecord, ShipmentRecord
+from importer.domain.jobs import JobRecord, JobState, RejectionReport, ShipmentRecord
 from importer.domain.errors import PublicError
 from importer.domain.ports import ApplyResult, EnqueueOutcome, StartedAttempt, StartOutcome
 from importer.domain.shipment import Shipment
@@ -26,6 +26,8 @@ class FakeStore:
     jobs: dict[str, JobRecord] = field(default_factory=dict)
     shipments: dict[str, ShipmentRecord] = field(default_factory=dict)
     uploads: dict[str, bytes] = field(default_factory=dict)
+    #: jobId -> its rejection report (served only while the job's record is failed).
+    rejections: dict[str, RejectionReport] = field(default_factory=dict)
     marked_sent: list[str] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)
     failure: BaseException | None = None
@@ -78,6 +80,14 @@ class FakeStore:
         self._call("get_owned_shipment")
         record = self.shipments.get(batch_id)
         return record if record is not None and record.owner == owner else None
+
+    def get_owned_rejections(self, job_id: str, owner: str) -> tuple[JobState, RejectionReport | None] | None:
+        self._call("get_owned_rejections")
+        record = self.jobs.get(job_id)
+        if record is None or record.owner != owner:
+            return None
+        state = JobState(record.state)
+        return state, (self.rejections.get(job_id) if state is JobState.FAILED else None)
 
     def ping(self) -> bool:
         self._call("ping")
