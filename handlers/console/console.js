@@ -229,7 +229,6 @@
   // it, then hand the browser the bytes to save.
   async function downloadRejections(event) {
     event.preventDefault();
-    clearError();
     const jobId = event.currentTarget.dataset.jobId;
     let response;
     try { response = await api("GET", rejectionsPath(jobId), { raw: true }); } catch (err) {
