@@ -22,6 +22,7 @@ from datetime import datetime
 from pathlib import Path
 
 from importer.domain.shipment import parse_shipment
+
 from tests.integration.support import System
 
 ROWS, BAD_EVERY = 100_000, (0, 3, 6)  # rows whose index ends in 0, 3 or 6: 30,000

@@ -50,12 +50,11 @@ def rejections_csv(report: RejectionReport) -> bytes:
             spreadsheet_safe(issue.code), spreadsheet_safe(issue.message), spreadsheet_safe(issue.value),
         ))
     if report.truncated:
-        writer.writerow((
-            "", "", TRUNCATED_CODE,
+        note = (
             f"{report.found} issues found; this report lists the first {len(report.issues)}. "
-            "Fix them and send the file again under a new batchId to see the rest.",
-            "",
-        ))
+            "Fix them and send the file again under a new batchId to see the rest."
+        )
+        writer.writerow(("", "", TRUNCATED_CODE, note, ""))
     return out.getvalue().encode("utf-8")
 
 

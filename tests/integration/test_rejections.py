@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-
 from importer.domain.shipment import MAX_ISSUES
+
 from tests.integration.support import ROOT, System, wait_for
 
 pytestmark = pytest.mark.integration

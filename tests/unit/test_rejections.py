@@ -7,14 +7,27 @@ from __future__ import annotations
 import csv
 import io
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from importer.domain.errors import CsvIssue, PublicError
 from importer.domain.jobs import RejectionReport
 from importer.domain.shipment import MAX_ISSUES, MAX_VALUE_CHARS, parse_shipment
-from importer.handlers.rejections import FORMULA_STARTS, HEADER, TRUNCATED_CODE, rejections_csv, spreadsheet_safe
-from tests.unit.test_http_handlers import KEY_B, Harness, assert_problem, h, record  # noqa: F401 (fixture)
+from importer.handlers.rejections import (
+    FORMULA_STARTS,
+    HEADER,
+    TRUNCATED_CODE,
+    rejections_csv,
+    spreadsheet_safe,
+)
+
+from tests.unit.test_http_handlers import (
+    KEY_B,
+    Harness,
+    assert_problem,
+    make_harness,
+    record,
+)
 
 DANGEROUS = ("=", "+", "-", "@", "\t", "\r")
 
@@ -116,6 +129,11 @@ def test_a_small_failure_lists_everything_inline_too() -> None:
 
 
 # -- the route ---------------------------------------------------------------
+
+
+@pytest.fixture
+def h() -> Harness:
+    return make_harness()
 
 
 def _failed(h: Harness, job_id: str = "shipment-b-err") -> None:
