@@ -38,7 +38,7 @@ DEFAULT_MAX_ROWS = 100_000
 #: The located issues a failed validation keeps: its rejection report
 #: (GET /api/imports/{jobId}/rejections.csv). A 100,000-row file can hold
 #: 200,000 issues (two per row); 10,000 keeps the report at about 1 MB
-#: (2.5 MB at worst, every value at its bound) in Redis next to the upload
+#: (6.3 MB at worst: every cell 100 four-byte characters) in Redis next to the upload
 #: that failed, while any systematic mistake (a wrong column, a wrong
 #: separator) shows thousands of times over. Issues beyond it are counted.
 MAX_ISSUES = 10_000
