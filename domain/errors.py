@@ -158,14 +158,14 @@ class PublicError:
         return cls(code=code, message=explain(code)[1], issues=issues, issues_truncated=truncated, issues_found=found)
 
     def to_dict(self) -> dict[str, object]:
-        """The job record's error: at most INLINE_ISSUES issues inline, and the
-        size of the rejection report (``rejections``) when there are issues."""
+        """The job record's error: at most INLINE_ISSUES issues inline (without
+        their values: the record and its events stay as small as before), and
+        the size of the rejection report (``rejections``) when there are issues."""
         out: dict[str, object] = {"code": self.code, "message": self.message}
         if self.issues:
             inline = self.issues[:INLINE_ISSUES]
             out["issues"] = [
-                {"line": i.line, "column": i.column, "code": i.code, "message": i.message, "value": i.value}
-                for i in inline
+                {"line": i.line, "column": i.column, "code": i.code, "message": i.message} for i in inline
             ]
             out["issuesTruncated"] = self.issues_found > len(inline)
             out["rejections"] = {

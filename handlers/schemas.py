@@ -68,9 +68,6 @@ class CsvIssueSchema(Schema):
     column = fields.Integer(required=True, allow_none=True, metadata={"description": "1 = sku, 2 = quantity, null = the whole line."})
     code = fields.String(required=True, metadata={"example": "csv.bad_quantity"})
     message = fields.String(required=True)
-    value = fields.String(metadata={
-        "description": "The offending cell's raw text (the whole line for a line issue; at most 100 characters).",
-    })
 
 
 class RejectionsSchema(Schema):

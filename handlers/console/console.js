@@ -195,7 +195,7 @@
       body.replaceChildren();
       for (const issue of error.issues || []) {
         const tr = document.createElement("tr");
-        for (const value of [issue.line, issue.column === null ? "whole line" : issue.column, issue.code, issue.message, issue.value || ""]) {
+        for (const value of [issue.line, issue.column === null ? "whole line" : issue.column, issue.code, issue.message]) {
           const td = document.createElement("td");
           td.textContent = String(value);
           tr.appendChild(td);

@@ -136,7 +136,7 @@ def test_the_generated_client_reads_a_rejection_report(system: System, importer_
         rejections = status.error.rejections
         assert (rejections.found, rejections.listed, rejections.truncated) == (2, 2, False)
         assert rejections.url == "/api/imports/shipment-gen-bad/rejections.csv"
-        assert [issue.value for issue in status.error.issues] == ["0", "=B"]
+        assert [issue.line for issue in status.error.issues] == [2, 3]
 
         report = get_import_rejections.sync_detailed(client=client, job_id="shipment-gen-bad")
         assert report.status_code == 200
