@@ -505,7 +505,7 @@ class RedisStore:
         raw = self._owned(self.keys.done(batch_id), owner)
         return _shipment_record(raw) if raw else None
 
-    def get_owned_rejections(self, job_id: str, owner: str) -> tuple[JobState, RejectionReport | None] | None:
+    def get_owned_rejections(self, job_id: str, owner: str) -> tuple[str, RejectionReport | None] | None:
         """The job's state and rejection report (None: it has none), or None when
         the record is missing or another owner's (read_rejections.lua: the same work for both).
 
@@ -516,8 +516,8 @@ class RedisStore:
             reply = self._scripts["read_rejections"](keys=[k.job(job_id), k.rejections(job_id)], args=[owner])
         if not reply:
             return None
-        state, error, raw = JobState(_s(reply[0])), _json_or_none(reply[1]), reply[2]
-        if state is not JobState.FAILED or not raw or not isinstance(error, dict) or "rejections" not in error:
+        state, error, raw = _s(reply[0]), _json_or_none(reply[1]), reply[2]
+        if state != JobState.FAILED or not raw or not isinstance(error, dict) or "rejections" not in error:
             return state, None
         return state, _report(job_id, raw)
 

@@ -81,13 +81,12 @@ class FakeStore:
         record = self.shipments.get(batch_id)
         return record if record is not None and record.owner == owner else None
 
-    def get_owned_rejections(self, job_id: str, owner: str) -> tuple[JobState, RejectionReport | None] | None:
+    def get_owned_rejections(self, job_id: str, owner: str) -> tuple[str, RejectionReport | None] | None:
         self._call("get_owned_rejections")
         record = self.jobs.get(job_id)
         if record is None or record.owner != owner:
             return None
-        state = JobState(record.state)
-        return state, (self.rejections.get(job_id) if state is JobState.FAILED else None)
+        return record.state, (self.rejections.get(job_id) if record.state == JobState.FAILED else None)
 
     def ping(self) -> bool:
         self._call("ping")
