@@ -144,3 +144,30 @@ def test_submit_wait_prints_where_the_report_is(system: System, tmp_path: object
     url = f"{system.base_url}/api/imports/shipment-rej-cli/rejections.csv"
     assert f"rejection report (2 issue(s)): {url}" in out.stdout
     assert f"-o rejections.csv {url}" in out.stdout
+
+
+def test_a_job_failed_for_another_reason_has_no_report(make_system: object) -> None:
+    from importer.domain.errors import CsvIssue, PublicError
+
+    store = make_system().store()  # type: ignore[operator]
+    store.enqueue(job_id="shipment-rej-x", batch_id="rej-x", owner="owner-a", content_sha256="c" * 64,
+                  upload_id="u-rej-x", csv=b"sku,quantity\nA,1\n")
+    # A report left behind by an earlier record of the same id (removed by hand) is never served.
+    store.client.set(store.keys.rejections("shipment-rej-x"), '{"found":1,"issues":[[2,1,"csv.bad_sku","old","z"]]}')
+    assert store.get_owned_rejections("shipment-rej-x", "owner-a") == ("waiting", None)
+    error = PublicError.from_code("import.upload_missing")
+    assert store.record_failure(job_id="shipment-rej-x", attempt=None, final=True, error=error, diagnostic="",
+                                next_attempt_at_ms=None) == "failed"
+    assert store.get_owned_rejections("shipment-rej-x", "owner-a") == ("failed", None)
+    assert store.client.exists(store.keys.rejections("shipment-rej-x")) == 0  # fail.lua removed it
+    assert store.get_owned_rejections("shipment-rej-x", "owner-b") is None
+
+    # The same step with located issues writes the report the read returns.
+    store.enqueue(job_id="shipment-rej-y", batch_id="rej-y", owner="owner-a", content_sha256="d" * 64,
+                  upload_id="u-rej-y", csv=b"sku,quantity\nA,0\n")
+    issues = (CsvIssue(2, 2, "csv.bad_quantity", "quantity '0' is bad", "0"),)
+    store.record_failure(job_id="shipment-rej-y", attempt=None, final=True, diagnostic="", next_attempt_at_ms=None,
+                         error=PublicError.from_code("csv.bad_quantity", issues, found=3))
+    state, report = store.get_owned_rejections("shipment-rej-y", "owner-a")
+    assert state == "failed" and report is not None
+    assert (report.issues, report.found, report.truncated) == (issues, 3, True)
