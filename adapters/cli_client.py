@@ -52,13 +52,26 @@ def _print_issues(error: dict[str, Any]) -> None:
         print("  (more issues not listed)")
 
 
-def _show_final(record: dict[str, Any]) -> int:
+def _print_rejections(error: dict[str, Any], url: str) -> None:
+    """Where every rejected row is (GET .../rejections.csv), for a failed CSV validation."""
+    report = error.get("rejections")
+    if not isinstance(report, dict) or not report.get("url"):
+        return
+    found, listed = report.get("found"), report.get("listed")
+    size = f"{found} issue(s)" + (f", the first {listed} listed" if report.get("truncated") else "")
+    where = url + str(report["url"])
+    print(f"rejection report ({size}): {where}")
+    print(f'  get it: curl -H "Authorization: Bearer $IMPORTER_API_KEY" -o rejections.csv {where}')
+
+
+def _show_final(record: dict[str, Any], url: str = "") -> int:
     if record["state"] == "completed":
         print(f"completed {record['id']}: {json.dumps(record['result'])}")
         return 0
     error = record.get("error") or {}
     print(f"failed {record['id']}: {error.get('code')}: {error.get('message')}")
     _print_issues(error)
+    _print_rejections(error, url)
     return 1
 
 
@@ -104,7 +117,7 @@ def follow(url: str, key: str, job_id: str, *, timeout: float, interval: float =
         if record["state"] in FINISHED_STATES:
             if live:
                 print()
-            return _show_final(record)
+            return _show_final(record, url)
         if elapsed > timeout:
             print(("\n" if live else "") + f"still {record['state']} after {timeout:g} s", file=sys.stderr)
             return 3
@@ -145,5 +158,5 @@ def cmd_status(args: argparse.Namespace) -> int:
     progress = record.get("progress") or {}
     print(f"{record['id']}: {record['state']} (attempt {record['attempt']}, phase {progress.get('phase', '-')}, rows {progress.get('rows', '-')})")
     if record["state"] in FINISHED_STATES:
-        _show_final(record)
+        _show_final(record, url)
     return 0

@@ -19,8 +19,8 @@ import redis
 
 from importer.adapters.scripts import SCRIPT_NAMES, lua_source
 from importer.adapters.settings import Settings
-from importer.domain.errors import PublicError
-from importer.domain.jobs import JobRecord, JobState, ShipmentRecord
+from importer.domain.errors import CsvIssue, PublicError
+from importer.domain.jobs import JobRecord, JobState, RejectionReport, ShipmentRecord
 from importer.domain.ports import ApplyResult, EnqueueOutcome, StartedAttempt, StartOutcome
 from importer.domain.receipt import StoredReceipt
 from importer.domain.shipment import Shipment
@@ -142,6 +142,11 @@ class Keys:
     def job(self, job_id: str) -> str:
         return f"{self.prefix}job:{job_id}"
 
+    def rejections(self, job_id: str) -> str:
+        """string: a failed validation's rejection report (JSON), removed with the
+        record; common.lua's rejections_key makes the same name from the record's."""
+        return f"{self.job(job_id)}:rejections"
+
     def upload(self, upload_id: str) -> str:
         return f"{self.prefix}upload:{upload_id}"
 
@@ -246,6 +251,20 @@ def _shipment_record(raw: dict[Any, Any]) -> ShipmentRecord:
         content_sha256=_s(f.get("contentSha256")),
         job_id=_s(f.get("jobId")),
     )
+
+
+def _report_json(error: PublicError) -> str:
+    """The rejection report as stored: {"found": n, "issues": [[line, column, code, message, value], ...]}."""
+    if not error.issues:
+        return ""
+    issues = [[i.line, i.column, i.code, i.message, i.value] for i in error.issues]
+    return json.dumps({"found": error.issues_found, "issues": issues}, separators=(",", ":"), ensure_ascii=False)
+
+
+def _report(job_id: str, raw: bytes) -> RejectionReport:
+    data = json.loads(raw)
+    issues = tuple(CsvIssue(int(i[0]), i[1], str(i[2]), str(i[3]), str(i[4])) for i in data["issues"])
+    return RejectionReport(job_id, issues, int(data["found"]))
 
 
 @dataclass(frozen=True)
@@ -490,12 +509,12 @@ class RedisStore:
         keys, args = self._job_step(job_id)
         with _translate():
             reply = self._scripts["fail"](
-                keys=[*keys, self.keys.deadline],
+                keys=[*keys, self.keys.deadline, self.keys.rejections(job_id)],
                 args=[
                     *args, "" if attempt is None else attempt, "1" if final else "0",
                     json.dumps(error.to_dict(), separators=(",", ":")), diagnostic[:4000],
                     next_attempt_at_ms if next_attempt_at_ms is not None else "",
-                    token, int(self.settings.waiting_grace_s * 1000),
+                    token, int(self.settings.waiting_grace_s * 1000), _report_json(error),
                 ],
             )
         return _s(reply[0])
@@ -534,6 +553,22 @@ class RedisStore:
         answered it for its owner: a receipt is written once with its done marker and never rewritten."""
         with _translate():
             return bytes(self.client.getrange(self.keys.receipt(batch_id), start, start + length - 1))
+
+    def get_owned_rejections(self, job_id: str, owner: str) -> tuple[str, RejectionReport | None] | None:
+        """The job's state and rejection report (None: it has none), or None when
+        the record is missing or another owner's (read_rejections.lua: the same work for both).
+
+        A report exists only for a job that failed CSV validation: its error
+        names the report (``rejections``) and fail.lua wrote it in the same step."""
+        k = self.keys
+        with _translate():
+            reply = self._scripts["read_rejections"](keys=[k.job(job_id), k.rejections(job_id)], args=[owner])
+        if not reply:
+            return None
+        state, error, raw = _s(reply[0]), _json_or_none(reply[1]), reply[2]
+        if state != JobState.FAILED or not raw or not isinstance(error, dict) or "rejections" not in error:
+            return state, None
+        return state, _report(job_id, raw)
 
     def get_job(self, job_id: str) -> JobRecord | None:
         """Whoever owns it: for operators (``importer inspect``). The API reads get_owned_job."""

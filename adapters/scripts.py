@@ -14,7 +14,7 @@ from importlib import resources
 #: finished attempt in the smallest bucket it fits; /metrics makes them cumulative.
 DURATION_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
 
-SCRIPT_NAMES = ("enqueue", "start", "apply", "fail", "read_owned", "read_receipt", "reconcile", "renew", "presence")
+SCRIPT_NAMES = ("enqueue", "start", "apply", "fail", "read_owned", "read_receipt", "read_rejections", "reconcile", "renew", "presence")
 
 
 def _constants() -> str:

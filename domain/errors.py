@@ -46,6 +46,7 @@ EXPLANATIONS: dict[str, tuple[str, str]] = {
     "request.method_not_allowed": ("Method not allowed", "See openapi.yaml for the methods of this path."),
     "auth.required": ("API key required", "Send 'Authorization: Bearer <key>' with a key issued for your producer."),
     "job.not_found": ("No such import job", "The job record does not exist or was removed by retention some time after it finished. A missing record does not mean the batch was never applied: read GET /api/shipments/{batchId} for the durable history."),
+    "rejections.not_found": ("No rejection report for this import", "Only an import that failed CSV validation has a rejection report. Read GET /api/imports/{jobId}: its state and error say what happened."),
     "shipment.not_found": ("No applied shipment with this batchId", "This batch has not been applied (yet). If you sent it, read its job: GET /api/imports/shipment-{batchId}."),
     "receipt.not_recorded": ("No receipt for this shipment", "This batch was applied before this service recorded receipts, so what it changed per SKU was not kept. GET /api/shipments/{batchId} says when it was applied."),
     "request.not_acceptable": ("Media type not available", "Send 'Accept: application/json' (the default) or 'Accept: text/csv'."),
@@ -75,26 +76,39 @@ class DomainError(Exception):
         self.detail = detail
 
 
+#: Located issues a job record shows inline (GET /api/imports/{jobId} and its
+#: events stay small); the rejection report holds all that were kept.
+INLINE_ISSUES = 100
+
+
 @dataclass(frozen=True)
 class CsvIssue:
-    """One located problem in a CSV file. line/column are 1-based; column None = whole row."""
+    """One located problem in a CSV file. line/column are 1-based; column None = whole row.
+
+    ``value`` is the offending cell's raw text as in the file (the whole line
+    for a row-level issue, '' when there is none), cut to a bounded length by
+    the validator."""
 
     line: int
     column: int | None
     code: str
     message: str
+    value: str = ""
 
 
 class CsvInvalid(DomainError):
     code = "csv.invalid"
 
-    def __init__(self, issues: tuple[CsvIssue, ...], truncated: bool = False) -> None:
+    def __init__(self, issues: tuple[CsvIssue, ...], truncated: bool = False, found: int | None = None) -> None:
         # The job's code is the first issue's code (e.g. csv.bad_quantity), so a
         # client can switch on it; every issue is listed with its location.
         self.code = issues[0].code if issues else "csv.invalid"
         super().__init__(f"{len(issues)} issue(s), first {self.code}")
         self.issues = issues
-        self.truncated = truncated
+        #: How many issues the validator found (more than len(issues) when it kept only the first ones).
+        self.found = found if found is not None else len(issues) + (1 if truncated else 0)
+        #: True when issues were found beyond those kept.
+        self.truncated = truncated or self.found > len(issues)
 
 
 class BatchConflict(DomainError):
@@ -157,28 +171,43 @@ class NoWorkerAccepts(DomainError):
 
 @dataclass(frozen=True)
 class PublicError:
-    """What the API may show about a failure: code, fixed explanation, CSV issues."""
+    """What the API may show about a failure: code, fixed explanation, CSV issues.
+
+    ``issues`` holds every located issue kept (the rejection report, at most
+    shipment.MAX_ISSUES); ``issues_found`` how many the validator found.
+    """
 
     code: str
     message: str
     issues: tuple[CsvIssue, ...] = field(default=())
     issues_truncated: bool = False
+    issues_found: int = 0
 
     @classmethod
-    def from_code(cls, code: str, issues: tuple[CsvIssue, ...] = (), truncated: bool = False) -> "PublicError":
-        return cls(code=code, message=explain(code)[1], issues=issues, issues_truncated=truncated)
+    def from_code(
+        cls, code: str, issues: tuple[CsvIssue, ...] = (), truncated: bool = False, found: int | None = None,
+    ) -> "PublicError":
+        found = max(found or 0, len(issues) + (1 if truncated else 0))
+        return cls(code=code, message=explain(code)[1], issues=issues, issues_truncated=truncated, issues_found=found)
 
     def to_dict(self) -> dict[str, object]:
+        """The job record's error: at most INLINE_ISSUES issues inline (without
+        their values: the record and its events stay as small as before), and
+        the size of the rejection report (``rejections``) when there are issues."""
         out: dict[str, object] = {"code": self.code, "message": self.message}
         if self.issues:
+            inline = self.issues[:INLINE_ISSUES]
             out["issues"] = [
-                {"line": i.line, "column": i.column, "code": i.code, "message": i.message} for i in self.issues
+                {"line": i.line, "column": i.column, "code": i.code, "message": i.message} for i in inline
             ]
-            out["issuesTruncated"] = self.issues_truncated
+            out["issuesTruncated"] = self.issues_found > len(inline)
+            out["rejections"] = {
+                "found": self.issues_found, "listed": len(self.issues), "truncated": self.issues_found > len(self.issues),
+            }
         return out
 
 
 def public_error_for(exc: DomainError) -> PublicError:
     if isinstance(exc, CsvInvalid):
-        return PublicError.from_code(exc.code, exc.issues, exc.truncated)
+        return PublicError.from_code(exc.code, exc.issues, exc.truncated, exc.found)
     return PublicError.from_code(exc.code)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from importer.domain.errors import CsvIssue
+
 
 class JobState(StrEnum):
     """The states of a job record. The Lua scripts write the same strings
@@ -38,6 +40,21 @@ class JobRecord:
     next_attempt_at_ms: int | None = None
     content_sha256: str = ""
     upload_id: str = ""
+
+
+@dataclass(frozen=True)
+class RejectionReport:
+    """The located issues a failed validation kept (at most shipment.MAX_ISSUES,
+    in file order) and how many it found: GET /api/imports/{jobId}/rejections.csv."""
+
+    job_id: str
+    issues: tuple[CsvIssue, ...]
+    found: int
+
+    @property
+    def truncated(self) -> bool:
+        """True when more issues were found than the report lists."""
+        return self.found > len(self.issues)
 
 
 @dataclass(frozen=True)

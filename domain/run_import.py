@@ -83,10 +83,10 @@ def run_import(
     if isinstance(parsed, CsvInvalid):
         store.record_failure(
             job_id=msg.job_id, attempt=started.attempt, final=True, error=public_error_for(parsed),
-            diagnostic=f"{len(parsed.issues)} CSV issue(s), first {parsed.code}", next_attempt_at_ms=None,
+            diagnostic=f"{parsed.found} CSV issue(s) ({len(parsed.issues)} kept), first {parsed.code}", next_attempt_at_ms=None,
             token=started.token,
         )
-        log("import.failed", code=parsed.code, issues=len(parsed.issues), **ctx)
+        log("import.failed", code=parsed.code, issues=parsed.found, **ctx)
         raise PermanentImportFailure(parsed.code)
 
     applied = store.validated_and_apply(

@@ -15,7 +15,8 @@ CSV format (documented in README, "CSV format"):
 
 The validator never raises on any input: it returns a :class:`Shipment` or
 a :class:`~importer.domain.errors.CsvInvalid` carrying every located issue (capped at
-:data:`MAX_ISSUES`).
+:data:`MAX_ISSUES`, with the number found beyond it), each with the offending
+cell's raw text (at most :data:`MAX_VALUE_CHARS` characters).
 """
 
 from __future__ import annotations
@@ -34,7 +35,16 @@ BATCH_ID_RULE = "Must be 1-64 characters of A-Z a-z 0-9 . _ -, starting with a l
 SKU_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 MAX_QUANTITY = 1_000_000
 DEFAULT_MAX_ROWS = 100_000
-MAX_ISSUES = 100
+#: The located issues a failed validation keeps: its rejection report
+#: (GET /api/imports/{jobId}/rejections.csv). A 100,000-row file can hold
+#: 200,000 issues (two per row); 10,000 keeps the report at about 1 MB
+#: (6.3 MB at worst: every cell 100 four-byte characters) in Redis next to the upload
+#: that failed, while any systematic mistake (a wrong column, a wrong
+#: separator) shows thousands of times over. Issues beyond it are counted.
+MAX_ISSUES = 10_000
+#: An issue's value (the offending cell) is cut to this many characters: a
+#: valid SKU (64) or quantity (7) always fits whole.
+MAX_VALUE_CHARS = 100
 
 _BATCH_ID = re.compile(BATCH_ID_PATTERN)
 _SKU = re.compile(SKU_PATTERN)
@@ -154,24 +164,35 @@ def content_key(data: bytes, max_rows: int = DEFAULT_MAX_ROWS) -> str:
     return parsed.content_sha256
 
 
-class _Issues:
-    """Collects issues up to MAX_ISSUES, remembering whether more were dropped."""
+def _cell(value: str) -> str:
+    """The raw text of a cell as an issue shows it: at most MAX_VALUE_CHARS characters."""
+    return value if len(value) <= MAX_VALUE_CHARS else value[: MAX_VALUE_CHARS - 1] + "\u2026"
 
-    __slots__ = ("items", "truncated")
+
+class _Issues:
+    """Keeps the first MAX_ISSUES issues and counts every one found."""
+
+    __slots__ = ("items", "found")
 
     def __init__(self) -> None:
         self.items: list[CsvIssue] = []
-        self.truncated = False
+        self.found = 0
 
-    def add(self, line: int, column: int | None, code: str, message: str) -> None:
+    def add(self, line: int, column: int | None, code: str, message: str, value: str = "") -> None:
+        self.found += 1
         if len(self.items) < MAX_ISSUES:
-            self.items.append(CsvIssue(line, column, code, message))
-        else:
-            self.truncated = True
+            self.items.append(CsvIssue(line, column, code, message, _cell(value)))
 
-    @property
-    def full(self) -> bool:
-        return len(self.items) >= MAX_ISSUES
+    def add_last(self, line: int, column: int | None, code: str, message: str) -> None:
+        """An issue that ends the validation (too many rows): always kept, in
+        place of the last one kept when the list is full."""
+        self.found += 1
+        if len(self.items) >= MAX_ISSUES:
+            del self.items[MAX_ISSUES - 1:]
+        self.items.append(CsvIssue(line, column, code, message))
+
+    def invalid(self) -> CsvInvalid:
+        return CsvInvalid(tuple(self.items), found=self.found)
 
 
 def _unquote(field: str) -> str:
@@ -234,44 +255,41 @@ def parse_shipment(data: bytes, *, max_rows: int = DEFAULT_MAX_ROWS) -> Shipment
             header_seen = True
             names = [_unquote(f).lower() for f in fields]
             if names != ["sku", "quantity"]:
-                issues.add(line_no, None, "csv.bad_header", f"header is {_printable(line)}, expected 'sku,quantity'")
+                issues.add(line_no, None, "csv.bad_header", f"header is {_printable(line)}, expected 'sku,quantity'", line)
                 # Without a header we cannot trust any column: stop here.
-                return CsvInvalid(tuple(issues.items))
+                return issues.invalid()
             continue
 
         row_count += 1
         if row_count > max_rows:
-            issues.add(line_no, None, "csv.too_many_rows", f"more than {max_rows} rows")
+            issues.add_last(line_no, None, "csv.too_many_rows", f"more than {max_rows} rows")
             break
-        if issues.full:
-            # Keep counting rows for the row limit, but stop building values.
-            issues.truncated = True
-            continue
         if commas != 1:
-            issues.add(line_no, None, "csv.bad_row", f"{commas + 1} columns, expected 2")
+            issues.add(line_no, None, "csv.bad_row", f"{commas + 1} columns, expected 2", line)
             continue
         sku = _unquote(fields[0])
         qty_text = _unquote(fields[1])
         ok = True
         if not _SKU.fullmatch(sku):
             ok = False
-            issues.add(line_no, 1, "csv.bad_sku", f"SKU {_printable(sku)} is not valid")
+            issues.add(line_no, 1, "csv.bad_sku", f"SKU {_printable(sku)} is not valid", fields[0])
         if not _DIGITS.fullmatch(qty_text) or not (1 <= int(qty_text) <= MAX_QUANTITY):
             ok = False
-            issues.add(line_no, 2, "csv.bad_quantity", f"quantity {_printable(qty_text)} is not a whole number from 1 to {MAX_QUANTITY}")
+            issues.add(line_no, 2, "csv.bad_quantity", f"quantity {_printable(qty_text)} is not a whole number from 1 to {MAX_QUANTITY}", fields[1])
         if not ok:
             continue
         first = seen.get(sku)
         if first is not None:
-            issues.add(line_no, 1, "csv.duplicate_sku", f"SKU {sku} already on line {first}")
+            issues.add(line_no, 1, "csv.duplicate_sku", f"SKU {sku} already on line {first}", fields[0])
             continue
         seen[sku] = line_no
-        rows.append(Row(sku, int(qty_text)))
+        if not issues.found:  # an invalid file's rows are never used
+            rows.append(Row(sku, int(qty_text)))
 
     if not header_seen:
         return CsvInvalid((CsvIssue(1, None, "csv.empty", "the file has no header and no rows"),))
     if issues.items:
-        return CsvInvalid(tuple(issues.items), issues.truncated)
+        return issues.invalid()
     if not rows:
         return CsvInvalid((CsvIssue(1, None, "csv.no_rows", "the file has a header but no rows"),))
     return Shipment(tuple(rows))

@@ -22,7 +22,7 @@ from marshmallow import ValidationError
 
 from importer.domain.contract import CURRENT_VERSION, live_workers_can_run
 from importer.domain.errors import RateLimited
-from importer.domain.jobs import JobRecord, ShipmentRecord
+from importer.domain.jobs import JobRecord, RejectionReport, ShipmentRecord
 from importer.domain.ports import JobRecorder, MessageSender
 from importer.domain.receipt import StoredReceipt
 from importer.domain.shipment import BATCH_ID_PATTERN, is_valid_batch_id
@@ -52,6 +52,8 @@ class JobStore(JobRecorder, Protocol):
     # The receipt with its done marker and first bytes (None as above); then the rest, in ranges.
     def get_owned_receipt(self, batch_id: str, owner: str, head_bytes: int) -> StoredReceipt | None: ...
     def read_receipt(self, batch_id: str, start: int, length: int) -> bytes: ...
+    # (state, report or None when it has none), or None as get_owned_job.
+    def get_owned_rejections(self, job_id: str, owner: str) -> tuple[str, RejectionReport | None] | None: ...
     def take_rate_token(self, owner: str) -> int: ...
     def ping(self) -> bool: ...
     def live_workers(self) -> dict[str, frozenset[int]]: ...
@@ -110,8 +112,16 @@ def _time(ms: int | None) -> datetime | None:
     return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
 
 
+def rejections_path(job_id: str) -> str:
+    """Where a failed validation's rejection report is (handlers/rejections.py)."""
+    return f"/api/imports/{job_id}/rejections.csv"
+
+
 def job_status(record: JobRecord) -> dict[str, Any]:
     """The public view of a job record (an allow-list: nothing else leaves)."""
+    error = record.error
+    if isinstance(error, dict) and isinstance(error.get("rejections"), dict):
+        error = {**error, "rejections": {**error["rejections"], "url": rejections_path(record.id)}}
     payload = {
         "id": record.id,
         "batchId": record.batch_id,
@@ -119,7 +129,7 @@ def job_status(record: JobRecord) -> dict[str, Any]:
         "attempt": record.attempt,
         "progress": record.progress,
         "result": record.result,
-        "error": record.error,
+        "error": error,
         "createdAt": _time(record.created_at_ms),
         "updatedAt": _time(record.updated_at_ms),
         "startedAt": _time(record.started_at_ms),

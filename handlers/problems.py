@@ -22,6 +22,7 @@ HTTP_STATUS: dict[str, int] = {
     "job.not_found": 404,
     "shipment.not_found": 404,
     "receipt.not_recorded": 404,
+    "rejections.not_found": 404,
     "request.method_not_allowed": 405,
     "request.not_acceptable": 406,
     "batch.conflict": 409,

@@ -15,7 +15,7 @@ from typing import Any
 from importer.domain.errors import DomainError
 from importer.domain.shipment import BATCH_ID_PATTERN
 from importer.handlers import api as h
-from importer.handlers import console, my_imports, receipts
+from importer.handlers import console, my_imports, receipts, rejections
 from importer.handlers.auth import KeyRing, bearer_token
 from importer.handlers.http import Request, Response, internal_error, problem, problem_of
 from importer.handlers.problems import ApiError, api_error_for
@@ -39,7 +39,11 @@ class Route:
     pattern: re.Pattern[str] = field(init=False)
 
     def __post_init__(self) -> None:
-        regex = re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", self.template)
+        # Literal parts escaped (the '.' of rejections.csv), {name} a path segment.
+        regex = "".join(
+            f"(?P<{part[1:-1]}>[^/]+)" if part.startswith("{") else re.escape(part)
+            for part in re.split(r"(\{\w+\})", self.template)
+        )
         object.__setattr__(self, "pattern", re.compile(f"^{regex}$"))
 
 
@@ -151,6 +155,35 @@ ROUTES: tuple[Route, ...] = (
         "job.not_found": "No record, or another producer's: the same answer as GET /api/imports/{jobId}",
         "request.stream_unsupported": "This deployment (serverless) cannot hold a stream open: poll instead",
         "service.busy": "This process holds IMPORTER_MAX_EVENT_STREAMS streams already",
+    }),
+    Route("GET", "/api/imports/{jobId}/rejections.csv", rejections.get_rejections, {
+        "operationId": "getImportRejections",
+        "summary": "Download every rejected row of one of your imports that failed CSV validation",
+        "description": (
+            "The located issues the validation kept, in file order (at most 10,000; the job's "
+            "error.rejections says how many were found), as CSV (RFC 4180, UTF-8): header "
+            "`line,column,code,message,value`, one row per issue; `value` is the offending cell's raw text "
+            "(at most 100 characters). Safe to open in a spreadsheet: a cell starting with `=`, `+`, `-`, `@`, "
+            "a tab or a carriage return (or their full-width forms) is prefixed with a single quote. When the "
+            "report was cut, its last row has code `report.truncated` and says how many issues were found. "
+            "Removed with the job record by retention."
+        ),
+        "parameters": [{"name": "jobId", "in": "path", "required": True, "schema": {"type": "string"}}],
+        "responses": {
+            "200": {
+                "description": "The rejection report.",
+                "headers": {"Content-Disposition": {
+                    "description": "attachment; filename=\"<jobId>-rejections.csv\"", "schema": {"type": "string"},
+                }},
+                "content": {"text/csv": {"schema": {"type": "string"}}},
+            },
+        },
+    }, errors=(*_API_ERRORS, "job.not_found", "rejections.not_found"), error_notes={
+        "job.not_found": "No record, or another producer's: the same answer as GET /api/imports/{jobId}",
+        "rejections.not_found": (
+            "The job is yours but has no rejection report: it is not finished, it completed, or it failed "
+            "for a reason other than CSV validation"
+        ),
     }),
     Route("GET", "/api/imports/{jobId}", h.get_import, {
         "operationId": "getImport",

@@ -70,11 +70,26 @@ class CsvIssueSchema(Schema):
     message = fields.String(required=True)
 
 
+class RejectionsSchema(Schema):
+    found = fields.Integer(required=True, metadata={"description": "Located issues the validator found."})
+    listed = fields.Integer(required=True, metadata={"description": "Issues in the rejection report (at most 10,000)."})
+    truncated = fields.Boolean(required=True, metadata={"description": "True when the report was cut: found > listed."})
+    url = fields.String(metadata={
+        "description": "The rejection report: GET it (as CSV) with the same key.",
+        "example": "/api/imports/shipment-a-2026/rejections.csv",
+    })
+
+
 class JobErrorSchema(Schema):
     code = fields.String(required=True, metadata={"description": "Stable error code.", "example": "csv.bad_quantity"})
     message = fields.String(required=True, metadata={"description": "What to fix."})
-    issues = fields.List(fields.Nested(CsvIssueSchema), metadata={"description": "Located CSV issues, for csv.* codes."})
+    issues = fields.List(fields.Nested(CsvIssueSchema), metadata={
+        "description": "Located CSV issues, for csv.* codes: the first 100 (every one kept is in the rejection report).",
+    })
     issuesTruncated = fields.Boolean(metadata={"description": "True when more issues existed than listed."})
+    rejections = fields.Nested(RejectionsSchema, metadata={
+        "description": "For a failed CSV validation: the size of its rejection report and where to get it.",
+    })
 
 
 class JobStatusSchema(Schema):

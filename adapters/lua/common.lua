@@ -12,6 +12,8 @@
 --   P:receipt:<batchId>     string  receipt: 'sku,before,after\n' per row in file order, written by apply.lua
 --                                   with the done marker (kept forever, never rewritten; domain/receipt.py)
 --   P:job:<jobId>           hash    job record (removed by retention)
+--   P:job:<jobId>:rejections string JSON {found, issues}: the located issues a failed validation
+--                                   kept (its rejection report, fail.lua); removed with the record
 --   P:upload:<uploadId>     string  the uploaded CSV bytes (removed with its job, or on completion)
 --   P:jobs:unsent           zset    jobId -> createdAt, recorded but message not yet confirmed sent
 --   P:jobs:waiting          zset    jobId -> createdAt, waiting for its first attempt
@@ -79,6 +81,11 @@ local function job_events_key(events_key, job_id)
   return events_key .. ':' .. job_id
 end
 
+-- A failed validation's rejection report: P:job:<jobId>:rejections (Keys.rejections).
+local function rejections_key(job_key)
+  return job_key .. ':rejections'
+end
+
 -- Each event goes to P:events and [console] to P:events:<jobId> under the
 -- same id, so that a stream of one job reads only its own entries. pcall:
 -- that second write must never abort the script after the first one.
@@ -105,15 +112,15 @@ end
 -- Remove finished job records older than age_ms, over all owners, then all
 -- but the newest `count` of this owner's, so that one owner's traffic never
 -- removes another's records before their age runs out. The upload, the
--- owner's index entries and [console] the job's event stream go with the
--- record. Bounded work per call (at most 2 x 1000 records); the rest goes on
+-- owner's index entries, the rejection report and [console] the job's event
+-- stream go with the record. Bounded work per call (at most 2 x 1000 records); the rest goes on
 -- the next state change.
 local function retain(step, index_key, owner_prefix, owner, age_ms, count)
   local function drop(id, known_owner)
     local job_key = step.job_prefix .. id
     local rec = redis.call('HMGET', job_key, 'uploadId', 'owner')
     if rec[1] then redis.call('DEL', step.upload_prefix .. rec[1]) end
-    redis.call('DEL', job_key, job_events_key(step.events, id))
+    redis.call('DEL', job_key, job_events_key(step.events, id), rejections_key(job_key))
     redis.call('ZREM', index_key, id)
     local of = rec[2] or known_owner
     if of then

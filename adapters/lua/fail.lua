@@ -11,6 +11,10 @@
 --          while the job is not active)
 -- ARGV[15] grace ms: a retrying job whose next attempt has not started by
 --          nextAttemptAt + grace is sent again by the reconciler
+-- KEYS[7] P:job:<jobId>:rejections
+-- ARGV[16] the rejection report JSON ('' = none): a final failure writes it to
+--          KEYS[7] (removes it when ''), in the same step as the record, before
+--          retention runs (which removes it with the record)
 --
 -- A finished job is never changed (returns {'finished', state}); neither is
 -- a job another attempt holds (returns {'stale', state}).
@@ -31,6 +35,7 @@ end
 local attempt = ARGV[9]
 if attempt == '' then attempt = redis.call('HINCRBY', step.key, 'attempt', 1) end
 if ARGV[10] == '1' then
+  if ARGV[16] ~= '' then redis.call('SET', KEYS[7], ARGV[16]) else redis.call('DEL', KEYS[7]) end
   mark_failed(step, rec[2], rec[3], attempt, error_json, diagnostic)
   redis.call('ZREM', KEYS[6], step.id)
   return {'failed'}

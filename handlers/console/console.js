@@ -49,7 +49,9 @@
     const wait = retryAfter(headers);
     switch (status) {
       case 401: return "The API key was refused (auth.required). Check the key, or paste a new one with \"Forget the key\".";
-      case 404: return "That import was not found (job.not_found): it is not yours, or retention removed its record.";
+      case 404: return code === "rejections.not_found"
+        ? "This import has no rejection report (rejections.not_found): only an import that failed CSV validation has one."
+        : "That import was not found (job.not_found): it is not yours, or retention removed its record.";
       case 409: return "This batchId is already used for other content, or by another producer (batch.conflict). Choose a new batchId.";
       case 413: return "The file is larger than the server accepts (request.too_large). Split it into smaller files, each with its own batchId.";
       case 415: return "The server did not accept the file type (request.unsupported_media_type).";
@@ -202,9 +204,52 @@
       }
       $("issues-table").hidden = !(error.issues && error.issues.length);
       $("issues-truncated").hidden = !error.issuesTruncated;
+      renderRejections(record);
     } else {
       box.hidden = true;
     }
+  }
+
+  // The rejection report of a failed CSV validation: every rejected row, as CSV.
+  function rejectionsPath(jobId) { return "/api/imports/" + encodeURIComponent(jobId) + "/rejections.csv"; }
+
+  function renderRejections(record) {
+    const report = record.state === "failed" && record.error ? record.error.rejections : null;
+    $("rejections").hidden = !report;
+    if (!report) return;
+    const link = $("rejections-link");
+    link.href = rejectionsPath(record.id);
+    link.dataset.jobId = record.id;
+    $("rejections-size").textContent = report.truncated
+      ? "(" + report.found + " issues found; the report lists the first " + report.listed + ")"
+      : "(" + report.found + " issue" + (report.found === 1 ? "" : "s") + ")";
+  }
+
+  // A plain link cannot send the Authorization header: fetch the report with
+  // it, then hand the browser the bytes to save.
+  async function downloadRejections(event) {
+    event.preventDefault();
+    const jobId = event.currentTarget.dataset.jobId;
+    let response;
+    try { response = await api("GET", rejectionsPath(jobId), { raw: true }); } catch (err) {
+      showError("The server could not be reached. Check your connection and try again.");
+      return;
+    }
+    if (response.status !== 200) {
+      let body = null;
+      try { body = await response.json(); } catch (e) { body = null; }
+      showError(describe(response.status, body, response.headers));
+      return;
+    }
+    const url = URL.createObjectURL(await response.blob());
+    const save = document.createElement("a");
+    save.href = url;
+    save.download = jobId + "-rejections.csv";
+    document.body.appendChild(save);
+    save.click();
+    save.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 10000);
+    announce("Rejection report of " + jobId + " downloaded.");
   }
 
   function logEvent(ev) {
@@ -393,6 +438,7 @@
       if (file) $("batch-input").value = suggestBatchId(file.name);
     });
     $("send-form").addEventListener("submit", send);
+    $("rejections-link").addEventListener("click", downloadRejections);
     $("state-filter").addEventListener("change", () => loadList());
     $("list-refresh").addEventListener("click", () => loadList());
     $("list-more").addEventListener("click", () => loadList(true));

@@ -89,6 +89,20 @@ def test_an_invalid_file_shows_its_located_issues(console_system: System, new_pa
         "2", "2", "csv.bad_quantity", "quantity 'abc' is not a whole number from 1 to 1000000",
     ]
     assert rows.nth(1).locator("td").all_inner_texts()[:3] == ["3", "2", "csv.bad_quantity"]
+    # The link to every rejected row: fetched with the key, saved as a file.
+    link = page.locator("#rejections-link")
+    expect(link).to_be_visible()
+    expect(link).to_have_attribute("href", f"/api/imports/shipment-{batch}/rejections.csv")
+    expect(page.locator("#rejections-size")).to_have_text("(2 issues)")
+    with page.expect_download() as download_info:
+        link.click()
+    download = download_info.value
+    assert download.suggested_filename == f"shipment-{batch}-rejections.csv"
+    lines = Path(download.path()).read_text(encoding="utf-8").splitlines()
+    assert lines[0] == "line,column,code,message,value"
+    assert lines[1] == "2,2,csv.bad_quantity,quantity 'abc' is not a whole number from 1 to 1000000,abc"
+    assert lines[2].startswith("3,2,csv.bad_quantity,") and lines[2].endswith(",'-3")  # spreadsheet-safe
+    assert len(lines) == 3
     # Announced to screen readers.
     alert = page.locator("#alert")
     expect(alert).to_have_attribute("aria-live", "assertive")

@@ -45,7 +45,7 @@ class ProbeStore(RedisStore):
         k = self.keys
         record = self.client.hmget(k.job(job_id), "uploadId", "owner")
         pipe = self.client.pipeline(transaction=True)
-        pipe.delete(k.job(job_id), k.job_events(job_id))
+        pipe.delete(k.job(job_id), k.job_events(job_id), k.rejections(job_id))
         if record[0]:
             pipe.delete(k.upload(record[0].decode()))
         indexes = [k.completed, k.failed, k.waiting, k.unsent, k.active, k.deadline]

@@ -150,3 +150,31 @@ def test_the_generated_client_reads_the_door_check(make_system: Any, importer_cl
         assert refused.parsed.code == "contract.no_worker"
         assert (refused.parsed.producer_version, refused.parsed.accepted_versions) == (2, [1])
         assert refused.headers["Retry-After"] == "5"
+
+
+def test_the_generated_client_reads_a_rejection_report(system: System, importer_client: Any) -> None:
+    from importer_client.api.default import enqueue_import, get_import, get_import_rejections  # type: ignore[import-not-found]
+    from importer_client.models import EnqueueRequest, JobStatus, Problem  # type: ignore[import-not-found]
+
+    with importer_client.AuthenticatedClient(base_url=system.base_url, token=system.api_key) as client:
+        enqueue_import.sync(client=client, body=EnqueueRequest(batch_id="gen-bad", csv="sku,quantity\nA,0\n=B,1\n"))
+        deadline = time.monotonic() + 30
+        status = get_import.sync(client=client, job_id="shipment-gen-bad")
+        while isinstance(status, JobStatus) and status.state.value != "failed":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+            status = get_import.sync(client=client, job_id="shipment-gen-bad")
+        rejections = status.error.rejections
+        assert (rejections.found, rejections.listed, rejections.truncated) == (2, 2, False)
+        assert rejections.url == "/api/imports/shipment-gen-bad/rejections.csv"
+        assert [issue.line for issue in status.error.issues] == [2, 3]
+
+        report = get_import_rejections.sync_detailed(client=client, job_id="shipment-gen-bad")
+        assert report.status_code == 200
+        assert report.content.decode().splitlines() == [
+            "line,column,code,message,value",
+            "2,2,csv.bad_quantity,quantity '0' is not a whole number from 1 to 1000000,0",
+            "3,1,csv.bad_sku,SKU '=B' is not valid,'=B",
+        ]
+        missing = get_import_rejections.sync_detailed(client=client, job_id="shipment-nope")
+        assert missing.status_code == 404 and isinstance(missing.parsed, Problem) and missing.parsed.code == "job.not_found"

@@ -25,7 +25,7 @@ STATUS_FIELDS = {
     "id", "batchId", "state", "attempt", "progress", "result", "error",
     "createdAt", "updatedAt", "startedAt", "finishedAt", "nextAttemptAt",
 }
-ERROR_FIELDS = {"code", "message", "issues", "issuesTruncated"}
+ERROR_FIELDS = {"code", "message", "issues", "issuesTruncated", "rejections"}
 FORBIDDEN = re.compile(
     r"Traceback|File \"|\.py\b|redis(s)?://|\b\d{1,3}(\.\d{1,3}){3}\b|\{t[0-9a-f]+\}|:job:|:done:|/usr/|/tmp/|/work/"
     r"|dramatiq|Exception|Error\b|TimeLimit"

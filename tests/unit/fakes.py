@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from importer.domain.contract import live_workers_can_run
-from importer.domain.jobs import JobRecord, ShipmentRecord
+from importer.domain.jobs import JobRecord, JobState, RejectionReport, ShipmentRecord
 from importer.domain.errors import PublicError
 from importer.domain.ports import ApplyResult, EnqueueOutcome, StartedAttempt, StartOutcome
 from importer.domain.receipt import StoredReceipt
@@ -28,6 +28,8 @@ class FakeStore:
     jobs: dict[str, JobRecord] = field(default_factory=dict)
     shipments: dict[str, ShipmentRecord] = field(default_factory=dict)
     uploads: dict[str, bytes] = field(default_factory=dict)
+    #: jobId -> its rejection report (served only while the job's record is failed).
+    rejections: dict[str, RejectionReport] = field(default_factory=dict)
     marked_sent: list[str] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)
     failure: BaseException | None = None
@@ -106,6 +108,13 @@ class FakeStore:
             if self.calls.count("read_receipt") >= after:
                 raise error
         return self.receipts.get(batch_id, b"")[start:start + length]
+
+    def get_owned_rejections(self, job_id: str, owner: str) -> tuple[str, RejectionReport | None] | None:
+        self._call("get_owned_rejections")
+        record = self.jobs.get(job_id)
+        if record is None or record.owner != owner:
+            return None
+        return record.state, (self.rejections.get(job_id) if record.state == JobState.FAILED else None)
 
     def ping(self) -> bool:
         self._call("ping")

@@ -90,3 +90,11 @@ def test_a_jobs_event_stream_is_named_alike_in_lua_and_in_keys() -> None:
     assert match is not None and match.group(1) == "events_key .. ':' .. job_id"
     keys = Keys("{x}:")
     assert keys.job_events("shipment-1") == keys.events + ":" + "shipment-1"
+
+
+def test_a_jobs_rejection_report_is_named_alike_in_lua_and_in_keys() -> None:
+    """Retention derives P:job:<jobId>:rejections from the record's key; Keys.rejections must agree."""
+    match = re.search(r"local function rejections_key\(job_key\)\s*return (.*?)\s*end", code_of("common"), re.S)
+    assert match is not None and match.group(1) == "job_key .. ':rejections'"
+    keys = Keys("{x}:")
+    assert keys.rejections("shipment-1") == keys.job("shipment-1") + ":rejections"

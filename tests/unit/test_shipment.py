@@ -11,6 +11,7 @@ from importer.domain.errors import CsvInvalid, CsvIssue
 from importer.domain.shipment import (
     MAX_ISSUES,
     MAX_QUANTITY,
+    MAX_VALUE_CHARS,
     Row,
     Shipment,
     content_sha256,
@@ -271,12 +272,13 @@ def test_exactly_max_issues_is_not_truncated() -> None:
 
 
 def test_cap_reached_in_the_middle_of_a_row() -> None:
-    # 99 one-issue rows, then a row with two issues: the second one is dropped.
+    # MAX_ISSUES - 1 one-issue rows, then a row with two issues: the second one is dropped, but counted.
     data = b"sku,quantity\n" + b"".join(f"S{i},0\n".encode() for i in range(MAX_ISSUES - 1)) + b"-x,0\n"
     result = bad(data)
     assert len(result.issues) == MAX_ISSUES
-    assert result.issues[-1] == CsvIssue(MAX_ISSUES + 1, 1, "csv.bad_sku", result.issues[-1].message)
+    assert result.issues[-1] == CsvIssue(MAX_ISSUES + 1, 1, "csv.bad_sku", result.issues[-1].message, "-x")
     assert result.truncated is True
+    assert result.found == MAX_ISSUES + 1
 
 
 def test_row_limit_still_applies_after_the_issue_cap() -> None:
@@ -284,6 +286,48 @@ def test_row_limit_still_applies_after_the_issue_cap() -> None:
     result = bad(data, max_rows=MAX_ISSUES + 5)
     assert len(result.issues) == MAX_ISSUES
     assert result.truncated is True
+    # The row limit is always reported: it takes the last place of a full list.
+    assert result.issues[-1] == CsvIssue(MAX_ISSUES + 7, None, "csv.too_many_rows", f"more than {MAX_ISSUES + 5} rows")
+    assert result.issues[-2].line == MAX_ISSUES  # lines 2.. MAX_ISSUES kept, then the row limit
+    assert result.found == MAX_ISSUES + 5 + 1
+
+
+def test_issues_beyond_the_cap_are_counted_not_kept() -> None:
+    # 3 x MAX_ISSUES bad rows between good ones: every one is found, MAX_ISSUES are kept.
+    rows = [f"OK{i},1\n" if i % 4 else f"BAD{i},x\n" for i in range(MAX_ISSUES * 4)]
+    result = bad(("sku,quantity\n" + "".join(rows)).encode(), max_rows=MAX_ISSUES * 4)
+    assert result.found == MAX_ISSUES
+    assert result.truncated is False
+    result = bad(("sku,quantity\n" + "".join(rows * 3).replace("OK", "K")).encode(), max_rows=MAX_ISSUES * 12)
+    # Repeating the rows repeats the SKUs: every row after the first copy is a duplicate or a bad quantity.
+    assert len(result.issues) == MAX_ISSUES and result.truncated is True
+    assert result.found == MAX_ISSUES + 2 * MAX_ISSUES * 4
+
+
+def test_each_issue_carries_the_raw_text_of_its_cell() -> None:
+    data = (
+        b"sku,quantity\n"
+        b'=HYPERLINK("x","y"),5\n'  # 2: three columns: the whole line
+        b"-A, 0 \n"  # 3: bad sku '-A' and bad quantity ' 0 ' (raw, spaces kept)
+        b'"B",7\n'  # 4: ok
+        b'"B",8\n'  # 5: duplicate: the raw cell, quotes kept
+    )
+    result = bad(data)
+    assert [(i.line, i.column, i.code, i.value) for i in result.issues] == [
+        (2, None, "csv.bad_row", '=HYPERLINK("x","y"),5'),
+        (3, 1, "csv.bad_sku", "-A"),
+        (3, 2, "csv.bad_quantity", " 0 "),
+        (5, 1, "csv.duplicate_sku", '"B"'),
+    ]
+
+
+def test_a_long_value_is_cut_to_the_bound() -> None:
+    long_sku = "S" * 5000
+    (issue,) = bad(f"sku,quantity\n{long_sku},1\n".encode()).issues
+    assert len(issue.value) == MAX_VALUE_CHARS
+    assert issue.value == "S" * (MAX_VALUE_CHARS - 1) + "\u2026"
+    (header,) = bad(b"sku;quantity;" + b"x" * 5000 + b"\nA,1\n").issues
+    assert header.code == "csv.bad_header" and header.value.startswith("sku;quantity;x") and len(header.value) == MAX_VALUE_CHARS
 
 
 # --------------------------------------------------------------------------
