@@ -116,6 +116,11 @@ class Settings:
     redis_socket_timeout_s: float = 10.0
     max_rows: int = DEFAULT_MAX_ROWS
     max_upload_bytes: int = 10 * 1024 * 1024
+    #: Uploads up to this many bytes (about 1,000 rows) come to the worker with
+    #: their queue message and run as one script call (start, validated, apply,
+    #: completed, ack); larger ones keep the separate steps, so 'validated' shows
+    #: before a long apply. 0 = always the separate steps. See docs/performance.md.
+    one_step_max_bytes: int = 16 * 1024
     accepted_versions: frozenset[int] = field(default_factory=lambda: frozenset({CURRENT_VERSION}))
     producer_version: int = CURRENT_VERSION
     keep_completed_age_s: int = 3600
@@ -176,6 +181,7 @@ class Settings:
             redis_socket_timeout_s=_float(env, "IMPORTER_REDIS_SOCKET_TIMEOUT", cls.redis_socket_timeout_s),
             max_rows=_int(env, "IMPORTER_MAX_ROWS", cls.max_rows, minimum=1),
             max_upload_bytes=_int(env, "IMPORTER_MAX_UPLOAD_BYTES", cls.max_upload_bytes, minimum=1),
+            one_step_max_bytes=_int(env, "IMPORTER_ONE_STEP_MAX_BYTES", cls.one_step_max_bytes),
             accepted_versions=_versions(env, "IMPORTER_ACCEPTED_VERSIONS", frozenset({CURRENT_VERSION})),
             producer_version=_int(env, "IMPORTER_PRODUCER_VERSION", CURRENT_VERSION, minimum=1),
             keep_completed_age_s=_int(env, "IMPORTER_KEEP_COMPLETED_AGE", cls.keep_completed_age_s),
