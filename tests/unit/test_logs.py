@@ -1,0 +1,40 @@
+"""Structured log lines (adapters/logs.py)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from importer.adapters.logs import JsonFormatter, LineHandler, log_event
+
+
+class Writes:
+    """A stream that keeps each write apart (as dramatiq's pipe to its main process does)."""
+
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> None:
+        self.writes.append(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_each_record_is_one_write_of_one_json_line() -> None:
+    stream = Writes()
+    handler = LineHandler(stream)  # type: ignore[arg-type]
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("importer.test_logs")
+    logger.handlers[:] = [handler]
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+
+    log_event(logger, "import.applied", jobId="shipment-a", rows=3)
+    log_event(logger, "import.started", logging.DEBUG, jobId="shipment-a")  # level off: nothing
+
+    assert len(stream.writes) == 1 and stream.writes[0].endswith("\n") and stream.writes[0].count("\n") == 1
+    line = json.loads(stream.writes[0])
+    assert (line["msg"], line["event"], line["jobId"], line["rows"], line["level"]) == (
+        "import.applied", "import.applied", "shipment-a", 3, "info",
+    )
