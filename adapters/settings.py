@@ -144,8 +144,10 @@ class Settings:
     worker_metrics_port: int = 0
     #: Address `importer serve` listens on unless --bind says otherwise.
     http_bind: str = "127.0.0.1:8080"
-    #: Live event streams (GET /api/imports/{jobId}/events) one HTTP process holds at once; one more gets 503.
-    max_event_streams: int = 32
+    #: Live event streams (GET /api/imports/{jobId}/events) one HTTP process holds at once; one more gets 503
+    #: (clients then poll). Each holds a server thread: 4, not 32, because granian's p99 on ordinary
+    #: requests grows with its thread count (docs/performance.md, "HTTP: threads per process").
+    max_event_streams: int = 4
     #: Seconds between heartbeat comments on a quiet event stream.
     event_stream_heartbeat_s: float = 15.0
     #: Seconds after which the server ends an event stream (the client reconnects with Last-Event-ID).
