@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import json
 import logging
 
@@ -38,3 +40,25 @@ def test_each_record_is_one_write_of_one_json_line() -> None:
     assert (line["msg"], line["event"], line["jobId"], line["rows"], line["level"]) == (
         "import.applied", "import.applied", "shipment-a", 3, "info",
     )
+
+
+def test_worker_lines_go_to_descriptor_2_not_through_a_replaced_sys_stderr(tmp_path: Path) -> None:
+    """As in a dramatiq worker process, whose sys.stderr is a pipe to dramatiq's main process."""
+    import subprocess
+    import sys
+
+    code = (
+        "import io, logging, sys\n"
+        "from importer.adapters.logs import configure_logging, log_event, shared_stderr\n"
+        "sys.stderr = io.StringIO()\n"
+        "configure_logging(stream=shared_stderr())\n"
+        "log_event(logging.getLogger('importer.worker'), 'import.applied', jobId='shipment-a')\n"
+        "sys.__stdout__.write(repr(sys.stderr.getvalue()))\n"
+    )
+    err = tmp_path / "stderr"
+    with open(err, "wb") as handle:
+        done = subprocess.run([sys.executable, "-c", code], stderr=handle, stdout=subprocess.PIPE, timeout=60)
+    assert done.returncode == 0
+    assert done.stdout == b"''"  # nothing went to the replaced sys.stderr
+    [line] = err.read_text().splitlines()
+    assert (json.loads(line)["event"], json.loads(line)["jobId"]) == ("import.applied", "shipment-a")
