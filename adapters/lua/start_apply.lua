@@ -10,11 +10,11 @@
 -- token) to the apply. The events are the separate steps' own, in the same
 -- order: active, progress 'validated', progress 'committed', completed (or failed).
 --
--- KEYS[1..5]   the job-step header (common.lua)
--- KEYS[6..10]  start.lua's KEYS[6..10]
--- KEYS[11..17] apply.lua's KEYS[6..12]
--- KEYS[18] dramatiq's acks set of this worker and queue   KEYS[19] the queue's message hash
--- KEYS[20] dramatiq's worker heartbeats
+-- KEYS: the job-step header (common.lua, 5 keys), start.lua's own KEYS[6..10],
+-- apply.lua's own KEYS[6..] (as many as apply.lua declares), then the last
+-- three: dramatiq's acks set of this worker and queue, the queue's message
+-- hash, dramatiq's worker heartbeats (so that a key added to apply.lua needs
+-- no change here: RedisStore.start_and_apply passes apply's list as it is)
 -- ARGV[1..8]   the job-step header
 -- ARGV[9..14]  start.lua's ARGV[9..14]
 -- ARGV[15] the dramatiq message's redis_message_id ('' = do not acknowledge)
@@ -35,16 +35,17 @@ local function slice(list, from, to, into)
   return out
 end
 
+local acks_key, messages_key, heartbeats_key = KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS]
 local start_keys = slice(KEYS, 1, 10)
 local start_argv = slice(ARGV, 1, 14)
-local apply_keys = slice(KEYS, 11, 17, slice(KEYS, 1, 5))
+local apply_keys = slice(KEYS, 11, #KEYS - 3, slice(KEYS, 1, 5))
 local apply_argv = slice(ARGV, 18, #ARGV, slice(ARGV, 1, 8))
 
 local function acknowledge()
   if ARGV[15] == '' then return 0 end
-  redis.call('ZADD', KEYS[20], ARGV[17], ARGV[16])
-  if redis.call('SREM', KEYS[18], ARGV[15]) > 0 then
-    redis.call('HDEL', KEYS[19], ARGV[15])
+  redis.call('ZADD', heartbeats_key, ARGV[17], ARGV[16])
+  if redis.call('SREM', acks_key, ARGV[15]) > 0 then
+    redis.call('HDEL', messages_key, ARGV[15])
   end
   return 1
 end
