@@ -32,11 +32,21 @@ from typing import Any
 import dramatiq
 import redis
 from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
+from dramatiq.common import current_millis
 from dramatiq.middleware import CurrentMessage, Middleware, Retries, ShutdownNotifications, TimeLimit
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from importer.adapters.logs import log_event
-from importer.adapters.redis_store import Keys, OutgoingMessage, RedisStore, StoreUnavailable, store_errors, unavailable
+from importer.adapters.redis_store import (
+    Keys,
+    OutgoingMessage,
+    QueueAck,
+    RedisStore,
+    StoreUnavailable,
+    store_errors,
+    unavailable,
+)
+from importer.adapters.scripts import fetch_source
 from importer.adapters.settings import Settings
 from importer.domain.contract import encode_message
 from importer.domain.errors import PublicError
@@ -84,19 +94,85 @@ def build_broker(
         from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
         return RabbitmqBroker(url=_with_amqp_timeouts(url), confirm_delivery=True, middleware=middleware)
+    keys = Keys(settings.key_prefix)
+    # The uploads come with their messages only when the broker's Redis is the
+    # store's (one script reads both). Fault injection (tests) keeps the
+    # separate steps: its points sit between them.
+    one_step = 0 if url or settings.fault else settings.one_step_max_bytes
     return ImporterRedisBroker(
         client=client if not url else None,
         url=url,
-        namespace=Keys(settings.key_prefix).dramatiq,
+        namespace=keys.dramatiq,
         middleware=middleware,
         heartbeat_timeout=int(settings.heartbeat_timeout_s * 1000),
         maintenance_chance=settings.maintenance_chance,
         dead_message_ttl=86_400_000,
+        handover=MessageHandover(settings.queue_name, keys.upload(""), one_step),
     )
 
 
+class MessageHandover:
+    """What dramatiq's consumer hands the import actor beside a message, and back.
+
+    * Small uploads: the fetch (fetch.lua) brings the upload of each fetched
+      import message of at most ``max_bytes`` with it, kept here by the
+      message's ``redis_message_id`` until the actor takes it. The actor then
+      parses and validates it first and runs the attempt as one script
+      (start_apply.lua), which also acknowledges the message.
+    * Acknowledged by the script: those messages' ids, so that the consumer
+      skips dramatiq's own ack (one round trip and one script call fewer per import).
+
+    Shared by the consumer thread and the worker threads of one process (dict
+    and set operations are atomic under the GIL).
+    """
+
+    #: A bound on uploads kept for messages no actor took (a consumer closed
+    #: with messages in its cache, a message of a removed job...).
+    MAX_KEPT = 10_000
+
+    def __init__(self, queue_name: str, upload_prefix: str, max_bytes: int) -> None:
+        self.queue_name = queue_name
+        self.upload_prefix = upload_prefix
+        self.max_bytes = max_bytes
+        self.namespace = ""
+        self.worker_id = ""
+        self._uploads: dict[str, bytes] = {}
+        self._acked: set[str] = set()
+
+    def keep(self, redis_message_ids: list[Any], uploads: list[bytes]) -> None:
+        if len(self._uploads) > self.MAX_KEPT:
+            self._uploads.clear()  # the actor then takes the separate steps: nothing is lost
+        for rid, upload in zip(redis_message_ids, uploads):
+            self._uploads[rid.decode() if isinstance(rid, bytes) else rid] = upload
+
+    def drop(self, redis_message_ids: list[str]) -> None:
+        for rid in redis_message_ids:
+            self._uploads.pop(rid, None)
+
+    def take(self, message: Any) -> tuple[bytes, QueueAck] | None:
+        """The upload that came with this message and the ack the script makes, or None."""
+        rid = message.options.get("redis_message_id") if message is not None else None
+        upload = self._uploads.pop(rid, None) if rid else None
+        if upload is None:
+            return None
+        queue = f"{self.namespace}:{self.queue_name}"
+        return upload, QueueAck(
+            acks_key=f"{self.namespace}:__acks__.{self.worker_id}.{self.queue_name}",
+            messages_key=f"{queue}.msgs", heartbeats_key=f"{self.namespace}:__heartbeats__",
+            redis_message_id=rid, worker_id=self.worker_id, acknowledged=lambda: self._acked.add(rid),
+        )
+
+    def acked_by_script(self, message: Any) -> bool:
+        rid = message.options.get("redis_message_id")
+        if rid in self._acked:
+            self._acked.discard(rid)
+            return True
+        return False
+
+
 class _SafeRequeueConsumer(_RedisConsumer):
-    """dramatiq's Redis consumer, whose requeue never raises.
+    """dramatiq's Redis consumer, whose requeue never raises, and which skips
+    the ack of a message that the import's own script acknowledged.
 
     When a fetch fails for anything but a ConnectionError (a timeout, a full
     Redis), dramatiq's consumer thread closes the consumer, which requeues its
@@ -108,18 +184,55 @@ class _SafeRequeueConsumer(_RedisConsumer):
     """
 
     def requeue(self, messages: Any) -> None:
+        messages = list(messages)
+        self.broker.handover.drop([m.options.get("redis_message_id") for m in messages])
         try:
             super().requeue(messages)
         except redis.RedisError as exc:
             log_event(log, "worker.requeue_failed", logging.WARNING, queue=self.queue_name, error=type(exc).__name__)
 
+    def ack(self, message: Any) -> None:
+        if self.broker.handover.acked_by_script(message):
+            self.queued_message_ids.discard(message.message_id)
+            return
+        super().ack(message)
+
+    def nack(self, message: Any) -> None:
+        self.broker.handover.acked_by_script(message)  # forget it; dramatiq's nack of it is then a no-op
+        super().nack(message)
+
 
 class ImporterRedisBroker(RedisBroker):
-    """dramatiq's Redis broker with :class:`_SafeRequeueConsumer`."""
+    """dramatiq's Redis broker with :class:`_SafeRequeueConsumer`, whose fetch
+    brings small uploads with their messages (:class:`MessageHandover`)."""
+
+    def __init__(self, *, handover: MessageHandover, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        handover.namespace = self.namespace
+        handover.worker_id = self.broker_id
+        self.handover = handover
+        self._fetch = self.client.register_script(fetch_source())
 
     @property
     def consumer_class(self) -> Any:
         return _SafeRequeueConsumer
+
+    def do_fetch(self, queue_name: str, prefetch: int) -> list[Any]:
+        """dramatiq's fetch (its dispatch script, run by fetch.lua), plus the small uploads."""
+        h = self.handover
+        if h.max_bytes <= 0 or queue_name != h.queue_name:
+            return self._dispatch("fetch")(queue_name, prefetch)  # type: ignore[no-any-return]
+        messages, ids, uploads = self._fetch(
+            keys=[self.namespace],
+            args=[
+                "fetch", current_millis(), queue_name, self.broker_id, self.heartbeat_timeout,
+                self.dead_message_ttl, self._should_do_maintenance("fetch"), self._max_unpack_size(), prefetch,
+                h.upload_prefix, h.max_bytes, ACTOR_NAME,
+            ],
+        )
+        if ids:
+            h.keep(ids, uploads)
+        return messages  # type: ignore[no-any-return]
 
 
 def _with_amqp_timeouts(url: str) -> str:
@@ -214,15 +327,38 @@ class ImportRunner:
         """(jobId, token) of every attempt running in this process."""
         return [(job_id, token) for job_id, _, token in list(self._attempts.values())]
 
-    def run(self, body: Any, message_id: str = "") -> str:
+    def run(self, body: Any, message_id: str = "", handed_over: tuple[bytes, QueueAck] | None = None) -> str:
+        """``handed_over``: the upload that came with the message and the ack
+        the one-script attempt makes (:class:`MessageHandover`)."""
         def started(job_id: str, attempt: int, token: str) -> None:
             self._attempts[message_id] = (job_id, attempt, token)
 
+        store, upload = self.store, None
+        if handed_over is not None and isinstance(self.store, RedisStore):
+            upload, ack = handed_over
+            store = _Acknowledging(self.store, ack)
         return run_import(
-            self.store, body, accepted_versions=self.settings.accepted_versions, max_rows=self.settings.max_rows,
-            log=lambda event, level=logging.INFO, **fields: log_event(log, event, level, **fields),
-            on_started=started,
+            store, body, accepted_versions=self.settings.accepted_versions, max_rows=self.settings.max_rows,
+            log=self._log, on_started=started, upload=upload,
         )
+
+    @staticmethod
+    def _log(event: str, level: int = logging.INFO, **fields: Any) -> None:
+        log_event(log, event, level, **fields)
+
+
+class _Acknowledging:
+    """The store of one message's attempt, whose one-script step also acknowledges the message."""
+
+    def __init__(self, store: RedisStore, ack: QueueAck) -> None:
+        self._store = store
+        self._ack = ack
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def start_and_apply(self, **kwargs: Any) -> Any:
+        return self._store.start_and_apply(**kwargs, ack=self._ack)
 
 
 def _code_for(exc: BaseException) -> str:
@@ -431,9 +567,14 @@ def _job_id_in(raw: bytes | None) -> str:
 
 def declare_import_actor(broker: dramatiq.Broker, runner: ImportRunner, settings: Settings) -> dramatiq.Actor:
     """The import actor: as thin as a handler, it calls the runner."""
+    handover: MessageHandover | None = getattr(broker, "handover", None)
+
     def import_shipment(body: dict[str, Any]) -> None:
         message = CurrentMessage.get_current_message()
-        runner.run(body, message.message_id if message is not None else "")
+        if message is None:
+            runner.run(body)
+            return
+        runner.run(body, message.message_id, handover.take(message) if handover is not None else None)
 
     return dramatiq.actor(
         import_shipment,

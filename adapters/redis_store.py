@@ -9,6 +9,7 @@ fallback to EVAL when the server lost its script cache).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from functools import cache
 from contextlib import contextmanager
@@ -282,6 +283,21 @@ class OutgoingMessage:
 MessageWriter = Callable[[str, str, str], OutgoingMessage]
 
 
+@dataclass(frozen=True)
+class QueueAck:
+    """dramatiq's acknowledgement of one fetched message, made by start_apply.lua
+    in the step that ends the attempt (see adapters/queue.py, MessageHandover):
+    the keys dramatiq's Redis broker keeps it under, and what to call once done."""
+
+    acks_key: str
+    messages_key: str
+    heartbeats_key: str
+    redis_message_id: str
+    worker_id: str
+    #: Called when the script acknowledged the message (dramatiq's consumer then skips its own ack).
+    acknowledged: Callable[[], None]
+
+
 class RedisStore:
     """All of Importer's Redis state behind one object; built by the composition root.
 
@@ -440,18 +456,20 @@ class RedisStore:
             ],
         )
 
-    def start_attempt(self, job_id: str, upload_id: str) -> StartOutcome:
+    def _start_args(self, job_id: str, upload_id: str) -> tuple[list[Any], list[Any]]:
+        """start.lua's KEYS and ARGV."""
         k, s = self.keys, self.settings
         keys, args = self._job_step(job_id)
-        with _translate():
-            reply = self._scripts["start"](
-                keys=[*keys, k.upload(upload_id), k.waiting, k.unsent, k.deadline, k.fence],
-                args=[
-                    *args, upload_id, s.max_attempts, _error_json("import.attempts_exhausted"),
-                    int(s.attempt_lease_s * 1000), int((s.time_limit_s + s.stall_margin_s) * 1000),
-                    _error_json("import.upload_missing"),
-                ],
-            )
+        keys += [k.upload(upload_id), k.waiting, k.unsent, k.deadline, k.fence]
+        args += [
+            upload_id, s.max_attempts, _error_json("import.attempts_exhausted"),
+            int(s.attempt_lease_s * 1000), int((s.time_limit_s + s.stall_margin_s) * 1000),
+            _error_json("import.upload_missing"),
+        ]
+        return keys, args
+
+    @staticmethod
+    def _start_outcome(reply: list[Any]) -> StartOutcome:
         kind = _s(reply[0])
         if kind == "started":
             started = StartedAttempt(
@@ -462,7 +480,41 @@ class RedisStore:
             return StartOutcome("finished", state=_s(reply[1]))
         if kind in ("exhausted", "upload_missing", "busy"):
             return StartOutcome(kind, int(reply[1] or 0), state="active" if kind == "busy" else "")
-        return StartOutcome(kind)
+        return StartOutcome(kind)  # type: ignore[arg-type]
+
+    def start_attempt(self, job_id: str, upload_id: str) -> StartOutcome:
+        keys, args = self._start_args(job_id, upload_id)
+        with _translate():
+            reply = self._scripts["start"](keys=keys, args=args)
+        return self._start_outcome(reply)
+
+    def _apply_args(
+        self, *, job_id: str, upload_id: str, attempt: int, batch_id: str, owner: str, shipment: Shipment, token: str,
+    ) -> tuple[list[Any], list[Any]]:
+        """apply.lua's KEYS and ARGV."""
+        k, s = self.keys, self.settings
+        progress = '{"phase":"validated","rows":%d}' % shipment.row_count
+        keys, args = self._job_step(job_id)
+        keys += [
+            k.stock, k.generation, k.done(batch_id), k.journal, k.completed, k.upload(upload_id), k.deadline,
+            k.receipt(batch_id),
+        ]
+        args += [
+            batch_id, shipment.content_sha256, owner, attempt, MAX_STOCK,
+            k.completed_of(""), s.keep_completed_age_s * 1000, s.keep_completed_count,
+            _error_json("batch.conflict"), _error_json("stock.overflow"), token, progress,
+        ]
+        for row in shipment.rows:
+            args.append(row.sku)
+            args.append(row.quantity)
+        return keys, args
+
+    @staticmethod
+    def _apply_result(reply: list[Any]) -> ApplyResult:
+        kind = _s(reply[0])
+        if kind in ("applied", "replayed"):
+            return ApplyResult(kind, json.loads(reply[1]))
+        return ApplyResult(kind, None, _s(reply[1]) if len(reply) > 1 else "")  # type: ignore[arg-type]
 
     def validated_and_apply(
         self, *, job_id: str, upload_id: str, attempt: int, batch_id: str, owner: str, shipment: Shipment,
@@ -477,27 +529,40 @@ class RedisStore:
         call); apply.lua emits it before 'committed', so one round trip and one
         script call per import.
         """
-        k, s = self.keys, self.settings
-        progress = json.dumps({"phase": "validated", "rows": shipment.row_count}, separators=(",", ":"))
-        keys, args = self._job_step(job_id)
-        keys += [
-            k.stock, k.generation, k.done(batch_id), k.journal, k.completed, k.upload(upload_id), k.deadline,
-            k.receipt(batch_id),
-        ]
-        args += [
-            batch_id, shipment.content_sha256, owner, attempt, MAX_STOCK,
-            k.completed_of(""), s.keep_completed_age_s * 1000, s.keep_completed_count,
-            _error_json("batch.conflict"), _error_json("stock.overflow"), token, progress,
-        ]
-        for row in shipment.rows:
-            args.append(row.sku)
-            args.append(row.quantity)
+        keys, args = self._apply_args(
+            job_id=job_id, upload_id=upload_id, attempt=attempt, batch_id=batch_id, owner=owner,
+            shipment=shipment, token=token,
+        )
         with _translate():
             (reply,) = self._pipelined([("apply", keys, args)])
-        kind = _s(reply[0])
-        if kind in ("applied", "replayed"):
-            return ApplyResult(kind, json.loads(reply[1]))
-        return ApplyResult(kind, None, _s(reply[1]) if len(reply) > 1 else "")
+        return self._apply_result(reply)
+
+    def start_and_apply(
+        self, *, job_id: str, upload_id: str, batch_id: str, shipment: Shipment, ack: QueueAck | None = None,
+    ) -> tuple[StartOutcome, ApplyResult | None]:
+        """start.lua and apply.lua in one script call (start_apply.lua), for a
+        shipment the worker validated from the upload that came with its
+        message; with ``ack``, the message is acknowledged in the same step
+        (for every outcome after which the actor returns normally)."""
+        start_keys, start_args = self._start_args(job_id, upload_id)
+        # The owner, attempt and token of the apply come from the start, inside the script.
+        apply_keys, apply_args = self._apply_args(
+            job_id=job_id, upload_id=upload_id, attempt=0, batch_id=batch_id, owner="", shipment=shipment, token="",
+        )
+        k = self.keys
+        keys = [*start_keys, *apply_keys[5:]]
+        if ack is not None:
+            keys += [ack.acks_key, ack.messages_key, ack.heartbeats_key]
+            args = [*start_args, ack.redis_message_id, ack.worker_id, int(time.time() * 1000), *apply_args[8:]]
+        else:
+            keys += [k.dramatiq, k.dramatiq, k.dramatiq]  # not touched
+            args = [*start_args, "", "", 0, *apply_args[8:]]
+        with _translate():
+            started_reply, applied_reply, acked = self._scripts["start_apply"](keys=keys, args=args)
+        outcome = self._start_outcome(started_reply)
+        if ack is not None and int(acked):
+            ack.acknowledged()
+        return outcome, (self._apply_result(applied_reply) if outcome.kind == "started" else None)
 
     def record_failure(
         self, *, job_id: str, attempt: int | None, final: bool, error: PublicError, diagnostic: str,

@@ -116,6 +116,11 @@ class Settings:
     redis_socket_timeout_s: float = 10.0
     max_rows: int = DEFAULT_MAX_ROWS
     max_upload_bytes: int = 10 * 1024 * 1024
+    #: Uploads up to this many bytes (about 1,000 rows) come to the worker with
+    #: their queue message and run as one script call (start, validated, apply,
+    #: completed, ack); larger ones keep the separate steps, so 'validated' shows
+    #: before a long apply. 0 = always the separate steps. See docs/performance.md.
+    one_step_max_bytes: int = 16 * 1024
     accepted_versions: frozenset[int] = field(default_factory=lambda: frozenset({CURRENT_VERSION}))
     producer_version: int = CURRENT_VERSION
     keep_completed_age_s: int = 3600
@@ -139,8 +144,10 @@ class Settings:
     worker_metrics_port: int = 0
     #: Address `importer serve` listens on unless --bind says otherwise.
     http_bind: str = "127.0.0.1:8080"
-    #: Live event streams (GET /api/imports/{jobId}/events) one HTTP process holds at once; one more gets 503.
-    max_event_streams: int = 32
+    #: Live event streams (GET /api/imports/{jobId}/events) one HTTP process holds at once; one more gets 503
+    #: (clients then poll). Each holds a server thread: 4, not 32, because granian's p99 on ordinary
+    #: requests grows with its thread count (docs/performance.md, "HTTP: threads per process").
+    max_event_streams: int = 4
     #: Seconds between heartbeat comments on a quiet event stream.
     event_stream_heartbeat_s: float = 15.0
     #: Seconds after which the server ends an event stream (the client reconnects with Last-Event-ID).
@@ -176,6 +183,7 @@ class Settings:
             redis_socket_timeout_s=_float(env, "IMPORTER_REDIS_SOCKET_TIMEOUT", cls.redis_socket_timeout_s),
             max_rows=_int(env, "IMPORTER_MAX_ROWS", cls.max_rows, minimum=1),
             max_upload_bytes=_int(env, "IMPORTER_MAX_UPLOAD_BYTES", cls.max_upload_bytes, minimum=1),
+            one_step_max_bytes=_int(env, "IMPORTER_ONE_STEP_MAX_BYTES", cls.one_step_max_bytes),
             accepted_versions=_versions(env, "IMPORTER_ACCEPTED_VERSIONS", frozenset({CURRENT_VERSION})),
             producer_version=_int(env, "IMPORTER_PRODUCER_VERSION", CURRENT_VERSION, minimum=1),
             keep_completed_age_s=_int(env, "IMPORTER_KEEP_COMPLETED_AGE", cls.keep_completed_age_s),

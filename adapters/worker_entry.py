@@ -7,11 +7,13 @@ composition root entry point, so building here is its purpose.
 import signal
 
 from importer.adapters.bootstrap import build_worker
-from importer.adapters.logs import configure_logging
+from importer.adapters.logs import configure_logging, shared_stderr
 from importer.adapters.settings import Settings
 from importer.adapters.signals import StopOnce, on_parent_death
 
-configure_logging()
+# Each log line goes straight to the stderr the processes share, not through
+# dramatiq's pipe to its main process (see shared_stderr).
+configure_logging(stream=shared_stderr())
 broker = build_worker(Settings.from_env())
 
 # dramatiq's worker process kills itself (exit 1) on a second SIGTERM, which

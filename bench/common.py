@@ -18,7 +18,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import dramatiq.brokers.redis as dramatiq_redis  # noqa: E402
-from importer.adapters.scripts import SCRIPT_NAMES, lua_source  # noqa: E402
+from importer.adapters.scripts import SCRIPT_NAMES, fetch_source, lua_source  # noqa: E402
 
 BIN = Path(sys.executable).parent
 RESULTS = ROOT / "bench" / "RESULTS.md"
@@ -159,6 +159,7 @@ class OtherLoad:
 def script_names() -> dict[str, str]:
     """sha1 -> readable name, for Importer's scripts and dramatiq's."""
     names = {hashlib.sha1(lua_source(name).encode()).hexdigest(): f"{name}.lua" for name in SCRIPT_NAMES}
+    names[hashlib.sha1(fetch_source().encode()).hexdigest()] = "fetch.lua (dramatiq's fetch + small uploads)"
     for name, src in dramatiq_redis._scripts.items():
         names[hashlib.sha1(src if isinstance(src, bytes) else src.encode()).hexdigest()] = f"dramatiq {name}.lua"
     return names

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from importer.handlers.auth import hash_key  # noqa: E402
 
-from bench.run import parse_wrk  # noqa: E402
+from bench.http_load import parse_wrk  # noqa: E402
 
 API_KEY = "imp_profile_" + "p" * 32
 

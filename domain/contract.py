@@ -66,6 +66,7 @@ class ImportMessageV2(ImportMessageV1):
 
 
 _SCHEMAS: dict[int, Schema] = {1: ImportMessageV1(), 2: ImportMessageV2()}
+_V1_FIELDS = frozenset(ImportMessageV1().fields)
 
 
 @dataclass(frozen=True)
@@ -103,11 +104,32 @@ def decode_message(payload: object, accepted_versions: frozenset[int]) -> Import
         raise InvalidMessage("message has no integer version")
     if version not in accepted_versions or version not in _SCHEMAS:
         raise UnsupportedContractVersion(version)
+    if version == 1:
+        plain = _plain_v1(payload)
+        if plain is not None:
+            return plain
     try:
         data = _SCHEMAS[version].load(dict(payload))
     except ValidationError as err:
         raise InvalidMessage(f"fields {sorted(err.messages)} are not valid") from None
     return ImportMessage(version, data["jobId"], data["batchId"], data["uploadId"], data.get("requestId"))
+
+
+def _plain_v1(payload: Mapping[str, object]) -> ImportMessage | None:
+    """A valid version-1 message read without the schema machinery (a third
+    of a small import's Python time on the worker went to it): exactly the
+    schema's fields, each passing the schema's own rules. None for anything
+    else, which the schema then reads, for its error message."""
+    if payload.keys() != _V1_FIELDS:
+        return None
+    job_id, batch_id, upload_id = payload["jobId"], payload["batchId"], payload["uploadId"]
+    if (
+        type(job_id) is str and 1 <= len(job_id) <= 128
+        and type(batch_id) is str and is_valid_batch_id(batch_id)
+        and type(upload_id) is str and _UPLOAD_ID.fullmatch(upload_id) is not None
+    ):
+        return ImportMessage(1, job_id, batch_id, upload_id)
+    return None
 
 
 def job_id_of(payload: object) -> str | None:

@@ -98,6 +98,14 @@ class AttemptStore(Protocol):
         next_attempt_at_ms: int | None, token: str = "",
     ) -> str: ...
 
+    def start_and_apply(
+        self, *, job_id: str, upload_id: str, batch_id: str, shipment: Shipment,
+    ) -> tuple[StartOutcome, ApplyResult | None]:
+        """Start the attempt, record 'validated' and apply, as one atomic step,
+        for a shipment validated from the job's own upload before the attempt
+        started. The apply result is None when the attempt did not start."""
+        ...
+
 
 class EventLog(Protocol):
     """Where the use cases say what happened (JSON log lines in production)."""

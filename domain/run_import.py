@@ -12,7 +12,7 @@ from typing import Any
 
 from importer.domain.contract import decode_message, job_id_of
 from importer.domain.errors import CsvInvalid, DomainError, PublicError, public_error_for
-from importer.domain.ports import AttemptStore, EventLog, OnStarted
+from importer.domain.ports import ApplyResult, AttemptStore, EventLog, OnStarted, StartedAttempt, StartOutcome
 from importer.domain.shipment import parse_shipment
 
 
@@ -36,6 +36,7 @@ def run_import(
     max_rows: int,
     log: EventLog,
     on_started: OnStarted = _ignore_started,
+    upload: bytes | None = None,
 ) -> str:
     """Run one attempt of the import a queue message names; returns what it did.
 
@@ -44,7 +45,14 @@ def run_import(
     'exhausted', 'busy': a duplicate or late delivery; the record already tells
     the truth). Every write of the attempt carries its fencing token: once a
     newer attempt holds the job (this one's lease ran out), the apply answers
-    'stale' and changes nothing. Raises :class:`PermanentImportFailure` after recording a failure
+    'stale' and changes nothing.
+
+    ``upload``: the job's upload when the queue delivered it with the message
+    (small imports). It is parsed and validated first; a valid shipment then
+    starts, applies and completes in one atomic step of the store (the
+    'validated' milestone is recorded in it, with the events of the separate
+    steps). Without it, or when it is invalid, the separate steps run: start
+    (which hands over the upload), validate, then apply. Raises :class:`PermanentImportFailure` after recording a failure
     that retrying cannot fix. Any other exception (the store unreachable, the
     time limit) propagates to the queue, which retries the attempt.
     """
@@ -63,18 +71,25 @@ def run_import(
     ctx: dict[str, Any] = {"jobId": msg.job_id, "batchId": msg.batch_id}
     if msg.request_id:  # contract version 2: the POST that made the job
         ctx["requestId"] = msg.request_id
+    if upload is not None:
+        parsed = parse_shipment(upload, max_rows=max_rows)
+        # An invalid upload takes the separate steps below: the attempt starts,
+        # then its failure is recorded with the CSV issues.
+        if not isinstance(parsed, CsvInvalid):
+            outcome, applied = store.start_and_apply(
+                job_id=msg.job_id, upload_id=msg.upload_id, batch_id=msg.batch_id, shipment=parsed,
+            )
+            started = _started(store, outcome, msg.job_id, log, ctx)
+            if started is None or applied is None:
+                return outcome.kind
+            ctx.update(owner=started.owner, attempt=started.attempt)
+            log("import.started", logging.DEBUG, **ctx)
+            return _applied(applied, parsed.row_count, log, ctx)
+
     outcome = store.start_attempt(msg.job_id, msg.upload_id)
-    if outcome.kind == "upload_missing":
-        store.record_failure(
-            job_id=msg.job_id, attempt=outcome.attempt, final=True,
-            error=PublicError.from_code("import.upload_missing"), diagnostic="upload key missing",
-            next_attempt_at_ms=None,
-        )
-        raise PermanentImportFailure("import.upload_missing")
-    if outcome.kind != "started" or outcome.started is None:
-        log("import.skipped", reason=outcome.kind, state=outcome.state, **ctx)
+    started = _started(store, outcome, msg.job_id, log, ctx)
+    if started is None:
         return outcome.kind
-    started = outcome.started
     ctx.update(owner=started.owner, attempt=started.attempt)
     on_started(msg.job_id, started.attempt, started.token)
     log("import.started", logging.DEBUG, **ctx)
@@ -93,6 +108,25 @@ def run_import(
         job_id=msg.job_id, upload_id=msg.upload_id, attempt=started.attempt,
         batch_id=msg.batch_id, owner=started.owner, shipment=parsed, token=started.token,
     )
+    return _applied(applied, parsed.row_count, log, ctx)
+
+
+def _started(store: AttemptStore, outcome: StartOutcome, job_id: str, log: EventLog, ctx: dict[str, Any]) -> StartedAttempt | None:
+    """The attempt that started, or None when this delivery has nothing to do (logged)."""
+    if outcome.kind == "upload_missing":
+        store.record_failure(
+            job_id=job_id, attempt=outcome.attempt, final=True,
+            error=PublicError.from_code("import.upload_missing"), diagnostic="upload key missing",
+            next_attempt_at_ms=None,
+        )
+        raise PermanentImportFailure("import.upload_missing")
+    if outcome.kind != "started" or outcome.started is None:
+        log("import.skipped", reason=outcome.kind, state=outcome.state, **ctx)
+        return None
+    return outcome.started
+
+
+def _applied(applied: ApplyResult, rows: int, log: EventLog, ctx: dict[str, Any]) -> str:
     if applied.kind in ("conflict", "overflow"):
         # The apply script recorded the failure in the same atomic step.
         code = "batch.conflict" if applied.kind == "conflict" else "stock.overflow"
@@ -101,5 +135,5 @@ def run_import(
     if applied.kind == "stale":
         log("import.fenced", logging.WARNING, state=applied.detail, **ctx)
         return "stale"
-    log("import." + applied.kind, rows=parsed.row_count, **ctx)
+    log("import." + applied.kind, rows=rows, **ctx)
     return applied.kind

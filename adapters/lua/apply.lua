@@ -35,7 +35,7 @@
 --       | {'stale', state}: a newer attempt holds the job (or the reconciler
 --         took it back); nothing changed
 
-local step = job_step()
+local step = job_step(KEYS, ARGV)
 local job_key, job_id, now = step.key, step.id, step.now
 local batch_id, sha, owner, attempt = ARGV[9], ARGV[10], ARGV[11], ARGV[12]
 local max_stock = tonumber(ARGV[13])

@@ -66,12 +66,15 @@ local function server_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
-local function job_step()
+-- keys, argv: the script's KEYS and ARGV (the default), or those a combined
+-- script hands to a step it runs (start_apply.lua).
+local function job_step(keys, argv)
+  keys, argv = keys or KEYS, argv or ARGV
   return {
-    key = KEYS[1], events = KEYS[2], active = KEYS[3], failed = KEYS[4], stats = KEYS[5],
-    id = ARGV[1], maxlen = ARGV[2], job_prefix = ARGV[3], upload_prefix = ARGV[4],
-    owner_jobs_prefix = ARGV[5], failed_of = ARGV[6],
-    keep_failed_age = tonumber(ARGV[7]), keep_failed_count = tonumber(ARGV[8]),
+    key = keys[1], events = keys[2], active = keys[3], failed = keys[4], stats = keys[5],
+    id = argv[1], maxlen = argv[2], job_prefix = argv[3], upload_prefix = argv[4],
+    owner_jobs_prefix = argv[5], failed_of = argv[6],
+    keep_failed_age = tonumber(argv[7]), keep_failed_count = tonumber(argv[8]),
     now = server_ms(),
   }
 end

@@ -21,7 +21,7 @@
 --       | {'missing'} | {'stale'} | {'finished', state} | {'exhausted', attempt}
 --       | {'upload_missing', attempt} (recorded failed here) | {'busy', attempt}
 
-local step = job_step()
+local step = job_step(KEYS, ARGV)
 local upload_id, max_attempts = ARGV[9], tonumber(ARGV[10])
 local rec = redis.call('HMGET', step.key, 'state', 'uploadId', 'batchId', 'owner', 'contentSha256', 'startedAt')
 local state = rec[1]

@@ -184,8 +184,25 @@ class FakeAttemptStore:
     attempt: int = 0
     applied: list[str] = field(default_factory=list)
     failures: list[tuple[str, bool]] = field(default_factory=list)
+    #: The store calls, in order ('start', 'apply', 'start_and_apply', 'fail').
+    calls: list[str] = field(default_factory=list)
+
+    def start_and_apply(
+        self, *, job_id: str, upload_id: str, batch_id: str, shipment: Shipment,
+    ) -> tuple[StartOutcome, ApplyResult | None]:
+        outcome = self.start_attempt(job_id, upload_id)
+        self.calls[-1] = "start_and_apply"
+        if outcome.started is None:
+            return outcome, None
+        applied = self.validated_and_apply(
+            job_id=job_id, upload_id=upload_id, attempt=outcome.attempt, batch_id=batch_id,
+            owner=outcome.started.owner, shipment=shipment, token=outcome.started.token,
+        )
+        self.calls.pop()
+        return outcome, applied
 
     def start_attempt(self, job_id: str, upload_id: str) -> StartOutcome:
+        self.calls.append("start")
         if self.state in ("completed", "failed"):
             return StartOutcome("finished", state=self.state)
         self.attempt += 1
@@ -196,6 +213,7 @@ class FakeAttemptStore:
         self, *, job_id: str, upload_id: str, attempt: int, batch_id: str, owner: str, shipment: Shipment,
         token: str = "",
     ) -> ApplyResult:
+        self.calls.append("apply")
         kind = "replayed" if batch_id in self.applied else "applied"
         self.applied.append(batch_id)
         self.state = "completed"
@@ -205,6 +223,7 @@ class FakeAttemptStore:
         self, *, job_id: str, attempt: int | None, final: bool, error: PublicError, diagnostic: str,
         next_attempt_at_ms: int | None, token: str = "",
     ) -> str:
+        self.calls.append("fail")
         self.failures.append((error.code, final))
         self.state = "failed" if final else "retrying"
         return self.state

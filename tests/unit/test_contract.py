@@ -224,3 +224,49 @@ def test_job_id_of() -> None:
 )
 def test_job_id_of_unknown(payload: object) -> None:
     assert job_id_of(payload) is None
+
+
+class _Str(str):
+    """A str subclass: the schema accepts it; the plain reading leaves it to the schema."""
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {}, {"jobId": "j" * 128, "batchId": "b" * 64}, {"jobId": ""}, {"jobId": "j" * 129}, {"jobId": 5},
+        {"batchId": "-batch"}, {"batchId": "a b"}, {"batchId": "batch-a\n"}, {"uploadId": UPLOAD.upper()},
+        {"uploadId": UPLOAD + "\n"}, {"uploadId": None}, {"extra": 1}, {"jobId": _Str("shipment-batch-a")},
+    ],
+)
+def test_the_plain_reading_of_v1_accepts_only_what_the_schema_accepts(overrides: dict[str, object]) -> None:
+    from importer.domain.contract import ImportMessageV1, _plain_v1
+
+    payload = body(**overrides)
+    plain = _plain_v1(payload)
+    if plain is not None:
+        assert not ImportMessageV1().validate(payload)
+        assert plain == ImportMessage(1, payload["jobId"], payload["batchId"], payload["uploadId"])  # type: ignore[arg-type]
+    # Either way decode_message gives the schema's answer.
+    if ImportMessageV1().validate(payload):
+        with pytest.raises(InvalidMessage):
+            decode_message(payload, V1)
+    else:
+        assert decode_message(payload, V1) == ImportMessage(1, str(payload["jobId"]), str(payload["batchId"]), str(payload["uploadId"]))
+
+
+def test_the_plain_reading_agrees_with_the_schema_on_any_text() -> None:
+    from hypothesis import given, settings, strategies as st
+
+    from importer.domain.contract import ImportMessageV1, _plain_v1
+
+    schema = ImportMessageV1()
+    text = st.one_of(st.text(max_size=140), st.from_regex(r"[0-9a-f]{32}", fullmatch=True),
+                     st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,70}", fullmatch=True))
+
+    @settings(max_examples=400, deadline=None)
+    @given(job_id=text, batch_id=text, upload_id=text)
+    def agree(job_id: str, batch_id: str, upload_id: str) -> None:
+        payload = {"version": 1, "jobId": job_id, "batchId": batch_id, "uploadId": upload_id}
+        assert (_plain_v1(payload) is not None) == (not schema.validate(payload))
+
+    agree()

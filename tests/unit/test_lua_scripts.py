@@ -10,7 +10,7 @@ import pytest
 
 from importer.adapters.metrics import DURATION_BUCKETS_MS as METRICS_BUCKETS
 from importer.adapters.redis_store import Keys
-from importer.adapters.scripts import DURATION_BUCKETS_MS, SCRIPT_NAMES, lua_source
+from importer.adapters.scripts import DURATION_BUCKETS_MS, SCRIPT_NAMES, fetch_source, lua_source
 from importer.domain.jobs import FINISHED_STATES, JobState
 
 LUA = resources.files("importer.adapters") / "lua"
@@ -27,7 +27,25 @@ ALL = [*SCRIPT_NAMES, "common"]
 
 def test_every_script_file_is_loaded() -> None:
     files = {entry.name.removesuffix(".lua") for entry in LUA.iterdir() if entry.name.endswith(".lua")}
-    assert files == set(ALL)
+    assert files == {*ALL, "fetch"}
+
+
+def test_fetch_runs_dramatiqs_own_dispatch_script_unchanged() -> None:
+    from dramatiq.brokers.redis import _scripts
+
+    dispatch = _scripts["dispatch"]
+    dispatch = dispatch.decode() if isinstance(dispatch, bytes) else dispatch
+    source = fetch_source()
+    assert source.startswith("#!lua\nlocal function dramatiq_dispatch()\n" + dispatch + "\nend\n")
+    assert source.endswith((LUA / "fetch.lua").read_text(encoding="utf-8"))
+
+
+def test_start_apply_runs_start_and_apply_unchanged_as_steps() -> None:
+    source = lua_source("start_apply")
+    for step in ("start", "apply"):
+        body = (LUA / f"{step}.lua").read_text(encoding="utf-8")
+        assert f"local function {step}_step(KEYS, ARGV)\n{body}\nend\n" in source
+        assert "local step = job_step(KEYS, ARGV)" in body  # the step's own KEYS and ARGV, not the globals
 
 
 def test_the_scripts_write_exactly_the_job_states() -> None:

@@ -78,6 +78,35 @@ def test_run_fails_invalid_csv_permanently_with_the_first_issue_code() -> None:
     assert store.failures == [("csv.bad_quantity", True)] and store.applied == []
 
 
+def test_run_with_the_upload_handed_over_validates_first_then_runs_one_store_step() -> None:
+    store, log = FakeAttemptStore(b"never read: the upload came with the message"), EventRecorder()
+    body = encode_message("shipment-b-1", "b-1", UPLOAD)
+    started: list[tuple[str, int]] = []
+
+    first = run_import(store, body, accepted_versions=frozenset({1}), max_rows=100, log=log,
+                       on_started=lambda j, a, t: started.append((j, a)), upload=CSV)
+    again = run_import(store, body, accepted_versions=frozenset({1}), max_rows=100, log=log, upload=CSV)
+
+    assert (first, again) == ("applied", "finished")
+    assert store.calls == ["start_and_apply", "start_and_apply"] and store.applied == ["b-1"]
+    # The attempt is over when the step returns: no lease to renew, nothing to record on a crash.
+    assert started == []
+    assert [e for e, _ in log.events] == ["import.started", "import.applied", "import.skipped"]
+    assert log.events[1][1]["rows"] == 2
+
+
+def test_run_with_an_invalid_upload_handed_over_takes_the_separate_steps_to_fail() -> None:
+    bad = b"sku,quantity\nA-1,abc\n"
+    store = FakeAttemptStore(bad)
+
+    with pytest.raises(PermanentImportFailure) as failed:
+        run_import(store, encode_message("shipment-b-1", "b-1", UPLOAD), accepted_versions=frozenset({1}),
+                   max_rows=100, log=EventRecorder(), upload=bad)
+
+    assert failed.value.code == "csv.bad_quantity"
+    assert store.calls == ["start", "fail"] and store.failures == [("csv.bad_quantity", True)]
+
+
 def test_run_fails_an_unsupported_version_without_starting() -> None:
     store = FakeAttemptStore(CSV)
     body = {**encode_message("shipment-b-1", "b-1", UPLOAD), "version": 2}

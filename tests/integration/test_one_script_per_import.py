@@ -1,0 +1,141 @@
+"""A small import (upload up to IMPORTER_ONE_STEP_MAX_BYTES) is one script call on
+the worker: its upload comes with the fetched message (fetch.lua), the worker
+validates it, then start_apply.lua starts the attempt, records 'validated',
+applies, completes and acknowledges the dramatiq message. A larger one keeps
+the separate steps (start, then apply; dramatiq's own ack). Both report the
+same events. Counted under MONITOR on the real worker process."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+import redis
+from dramatiq.brokers.redis import _scripts as dramatiq_scripts
+
+from importer.adapters.scripts import fetch_source, lua_source
+from tests.integration.support import FIXTURES, System, stored_messages, wait_for
+
+pytestmark = pytest.mark.integration
+
+SEED = (FIXTURES / "shipment-a-2026.csv").read_bytes()
+BAD = (FIXTURES / "invalid-bad-quantity.csv").read_bytes()
+
+
+def _sha(source: str | bytes) -> str:
+    return hashlib.sha1(source.encode() if isinstance(source, str) else source).hexdigest()
+
+
+class Monitor:
+    """Top-level commands (not those run inside scripts) that name this system's keys."""
+
+    def __init__(self, system: System) -> None:
+        self.prefix = system.prefix
+        self.client = redis.Redis.from_url(system.redis_url)
+        self.commands: list[str] = []
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        assert self._ready.wait(10)
+
+    def _run(self) -> None:
+        with self.client.monitor() as m:
+            self._ready.set()
+            for cmd in m.listen():
+                if cmd.get("client_type") != "lua" and self.prefix in cmd["command"]:
+                    self.commands.append(cmd["command"])
+                if self._stop.is_set():
+                    break
+
+    def stop(self) -> list[str]:
+        self._stop.set()
+        self.client.ping()  # one more line for the listener to notice
+        self._thread.join(10)
+        return self.commands
+
+
+def _script_calls(commands: list[str]) -> Counter[str]:
+    names = {_sha(lua_source(n)): n for n in ("start", "apply", "start_apply", "fail")}
+    names[_sha(fetch_source())] = "fetch"
+    dispatch = _sha(dramatiq_scripts["dispatch"])
+    calls: Counter[str] = Counter()
+    for line in commands:
+        words = line.split()
+        if len(words) < 5 or words[0].upper() != "EVALSHA":
+            continue
+        sha = words[1]
+        if sha == dispatch:
+            calls["dramatiq " + words[4]] += 1  # EVALSHA sha numkeys namespace command ...
+        else:
+            calls[names.get(sha, sha)] += 1
+    return calls
+
+
+def _events(system: System, job_id: str) -> list[Any]:
+    client = redis.Redis.from_url(system.redis_url)
+    entries = client.xrange(f"{system.prefix}events:{job_id}")
+    kinds = []
+    for _, fields in entries:
+        kind = fields[b"event"].decode()
+        kinds.append(kind if kind != "progress" else fields[b"data"].decode())
+    return kinds
+
+
+@pytest.mark.parametrize(
+    ("bound", "expected"),
+    [
+        (str(16 * 1024), {"start_apply": 1}),
+        (str(len(SEED) - 1), {"start": 1, "apply": 1, "dramatiq ack": 1}),
+    ],
+    ids=["small-one-script", "over-the-bound-separate-steps"],
+)
+def test_the_worker_calls_and_the_events_of_one_import(make_system: Any, bound: str, expected: dict[str, int]) -> None:
+    system: System = make_system(IMPORTER_ONE_STEP_MAX_BYTES=bound)
+    system.start_http()
+    system.start_worker(threads=1)
+    monitor = Monitor(system)
+    try:
+        assert system.post_csv("one-1", SEED)[0] == 202
+        record = system.wait_state("shipment-one-1")
+        # Acknowledged: the message is gone from dramatiq's message hash.
+        wait_for(lambda: stored_messages(system) == 0, 10, message="the message acknowledged")
+        time.sleep(0.3)
+    finally:
+        commands = monitor.stop()
+
+    assert (record["state"], record["attempt"], record["progress"]) == ("completed", 1, {"phase": "committed", "rows": 3})
+    assert record["result"] == {"imported": 3, "batchId": "one-1"}
+    calls = _script_calls(commands)
+    per_import = {name: n for name, n in calls.items() if name in ("start", "apply", "start_apply", "fail", "dramatiq ack")}
+    assert per_import == expected, calls
+    assert calls["fetch"] >= 1, calls  # the queue is fetched by fetch.lua (dramatiq's fetch inside), its delay queue by dramatiq
+    assert _events(system, "shipment-one-1") == [
+        "waiting", "active", '{"phase":"validated","rows":3}', '{"phase":"committed","rows":3}', "completed",
+    ]
+    assert system.store().stock_of(["WIDGET-RED-01"]) == {"WIDGET-RED-01": 10}
+    assert system.store().generation() == 1
+
+
+def test_an_invalid_small_upload_fails_with_its_issues_and_its_message_is_rejected(make_system: Any) -> None:
+    system: System = make_system()
+    system.start_http()
+    system.start_worker(threads=1)
+    monitor = Monitor(system)
+    try:
+        assert system.post_csv("one-bad", BAD)[0] == 202
+        record = system.wait_state("shipment-one-bad")
+        wait_for(lambda: stored_messages(system) == 0, 10, message="the message rejected")
+    finally:
+        commands = monitor.stop()
+    assert (record["state"], record["error"]["code"]) == ("failed", "csv.bad_quantity")
+    # Validated before any attempt started; the failure takes the separate steps with its issues.
+    calls = _script_calls(commands)
+    assert (calls["start"], calls["fail"], calls["start_apply"], calls["apply"]) == (1, 1, 0, 0), calls
+    assert calls["dramatiq nack"] == 1, calls
+    assert _events(system, "shipment-one-bad") == ["waiting", "active", "failed"]
+    assert system.store().generation() == 0
