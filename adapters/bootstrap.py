@@ -152,6 +152,8 @@ def build_http(settings: Settings) -> HttpSide:
             block_s=max(0.1, min(5.0, settings.redis_socket_timeout_s / 2)),
         ),
         max_concurrent_uploads=settings.max_concurrent_uploads,
+        max_body_reads=settings.max_body_reads,
+        body_timeout_s=settings.http_body_timeout_s,
         release_memory=release_free_memory,
     )
     keys = KeyRing.parse(settings.api_keys)

@@ -46,10 +46,11 @@ EXPLANATIONS: dict[str, tuple[str, str]] = {
     "auth.required": ("API key required", "Send 'Authorization: Bearer <key>' with a key issued for your producer."),
     "job.not_found": ("No such import job", "The job record does not exist or was removed by retention some time after it finished. A missing record does not mean the batch was never applied: read GET /api/shipments/{batchId} for the durable history."),
     "shipment.not_found": ("No applied shipment with this batchId", "This batch has not been applied (yet). If you sent it, read its job: GET /api/imports/shipment-{batchId}."),
-    "service.busy": ("Server busy", "This server holds as many live event streams, or reads as many large uploads, as it takes at once. Retry after the seconds in Retry-After (an event stream: or poll GET /api/imports/{jobId})."),
+    "service.busy": ("Server busy", "This server holds as many live event streams, or reads as many request bodies or large uploads, as it takes at once. Retry after the seconds in Retry-After (an event stream: or poll GET /api/imports/{jobId})."),
     "request.stream_unsupported": ("Live streams not supported here", "This deployment cannot hold a live stream open. Poll GET /api/imports/{jobId} instead."),
     "service.unavailable": ("Service unavailable", "The service cannot reach its store or is shutting down. Retry later."),
     "request.incomplete": ("Body is incomplete", "The connection ended before the whole body arrived (fewer bytes than Content-Length, or a chunked body without its last chunk). Nothing was recorded: send the whole request again."),
+    "request.timeout": ("Body too slow", "The body did not arrive within the server's time for reading one (IMPORTER_HTTP_BODY_TIMEOUT). Nothing was recorded: send the whole request again, faster, or through a proxy that buffers uploads."),
     "internal": ("Internal error", "Something went wrong on our side. Retry later; when you report it, quote the requestId of this answer (it is on every log line of the request)."),
 }
 

@@ -22,6 +22,7 @@ HTTP_STATUS: dict[str, int] = {
     "job.not_found": 404,
     "shipment.not_found": 404,
     "request.method_not_allowed": 405,
+    "request.timeout": 408,
     "batch.conflict": 409,
     "request.too_large": 413,
     "request.unsupported_media_type": 415,

@@ -3,19 +3,26 @@
 Works under any WSGI server (gunicorn by default, see ``importer serve``).
 The body is read only after the route and the API key passed (handlers/edge.py),
 at most up to the limit (a larger Content-Length is refused with 413 before a
-byte of the body is read), and only whole: a short or cut body is refused.
+byte of the body is read), only whole: a short or cut body is refused, and
+only until its deadline (IMPORTER_HTTP_BODY_TIMEOUT): a body that trickles
+gets 408 request.timeout and frees its thread.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
+import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qsl
 
 from importer.handlers.api import Api
 from importer.handlers.auth import KeyRing
-from importer.handlers.edge import LARGE_UPLOAD_BYTES, BodyIncomplete, BodyTooLarge, UploadSlots, finish, handle
+from importer.handlers.edge import (
+    LARGE_UPLOAD_BYTES, BodyIncomplete, BodyTimeout, BodyTooLarge, UploadSlots, finish, handle,
+)
 from importer.handlers.http import Request, Response, internal_error, request_id_from
 
 StartResponse = Callable[..., Any]
@@ -49,6 +56,15 @@ class WsgiBody:
     (gunicorn raises NoMoreData / ChunkMissingTerminator on a cut chunked
     body) or an empty chunked body (granian's answer to a cut one) is
     BodyIncomplete. waitress never calls the app with an incomplete body.
+
+    The deadline, per server: gunicorn's socket (``gunicorn.socket``) gets a
+    timeout for each read, and its read side is shut after a timeout (so
+    gunicorn does not wait for the rest of the body either); waitress has
+    read the whole body before it calls the app; any other server (granian)
+    offers no read timeout, so the body is read by a helper thread that the
+    request's thread waits for until the deadline. A read left behind ends
+    when the client finishes or goes away; until then it keeps its body-read
+    slot (handlers/edge.py), so such reads are bounded.
     """
 
     def __init__(self, environ: dict[str, Any]) -> None:
@@ -56,14 +72,72 @@ class WsgiBody:
         length_text = (environ.get("CONTENT_LENGTH") or "").strip()
         self.declared: int | None = int(length_text) if length_text.isdigit() else None
         self.chunked = "chunked" in str(environ.get("HTTP_TRANSFER_ENCODING", "")).lower()
+        self.socket: socket.socket | None = environ.get("gunicorn.socket")
+        self.buffered = str(environ.get("SERVER_SOFTWARE", "")).lower().startswith("waitress")
+        self.deadline = float("inf")
 
     def _chunk(self, size: int) -> bytes:
+        if self.socket is not None:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                raise BodyTimeout()
+            self.socket.settimeout(min(remaining, 3600.0))
         try:
             return self.stream.read(size)  # type: ignore[union-attr,no-any-return]
         except Exception as err:  # the server's own error on a broken body (gunicorn: NoMoreData, ...)
+            if isinstance(err, TimeoutError) or time.monotonic() >= self.deadline:
+                raise BodyTimeout() from None
             raise BodyIncomplete(type(err).__name__) from None
 
-    def read(self, limit: int, on_large: Callable[[], None]) -> bytes:
+    def read(self, limit: int, on_large: Callable[[], None], deadline: float, done: Callable[[], None]) -> bytes:
+        self.deadline = deadline
+        if self.stream is None or self.socket is not None or self.buffered or self.declared == 0:
+            try:
+                return self._read_here(limit, on_large)
+            finally:
+                done()
+        return self._read_in_helper(limit, on_large, deadline, done)
+
+    def _read_here(self, limit: int, on_large: Callable[[], None]) -> bytes:
+        timeout = self.socket.gettimeout() if self.socket is not None else None
+        try:
+            return self._read(limit, on_large)
+        except BodyTimeout:
+            if self.socket is not None:
+                try:
+                    self.socket.shutdown(socket.SHUT_RD)  # gunicorn reads no more of this body
+                except OSError:
+                    pass
+            raise
+        finally:
+            if self.socket is not None:
+                try:
+                    self.socket.settimeout(timeout)
+                except OSError:
+                    pass
+
+    def _read_in_helper(self, limit: int, on_large: Callable[[], None], deadline: float, done: Callable[[], None]) -> bytes:
+        outcome: list[Any] = []
+        finished = threading.Event()
+
+        def reader() -> None:
+            try:
+                outcome.append(self._read(limit, on_large))
+            except BaseException as err:  # handed to the request's thread
+                outcome.append(err)
+            finally:
+                finished.set()
+                done()
+
+        threading.Thread(target=reader, name="importer-body-reader", daemon=True).start()
+        if not finished.wait(None if deadline == float("inf") else max(0.0, deadline - time.monotonic())):
+            raise BodyTimeout()
+        (result,) = outcome
+        if isinstance(result, BaseException):
+            raise result
+        return result  # type: ignore[no-any-return]
+
+    def _read(self, limit: int, on_large: Callable[[], None]) -> bytes:
         if self.stream is None:
             if self.declared:
                 raise BodyIncomplete("no wsgi.input")
@@ -135,6 +209,7 @@ def create_app(api: Api, keys: KeyRing) -> WsgiApp:
     """The WSGI application around the handlers; all dependencies injected."""
     limit = body_limit(api)
     slots = UploadSlots(api.max_concurrent_uploads)
+    read_slots = UploadSlots(api.max_body_reads)
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         try:
@@ -143,7 +218,7 @@ def create_app(api: Api, keys: KeyRing) -> WsgiApp:
             log.exception("unreadable environ", extra={"event": "http.internal_error"})
             head = Request(method="GET", path="/", headers={})
             return _respond(finish(head.method, internal_error(), request_id_from({})), start_response)
-        response = handle(api, keys, head, WsgiBody(environ), limit=limit, slots=slots)
+        response = handle(api, keys, head, WsgiBody(environ), limit=limit, slots=slots, read_slots=read_slots)
         return _respond(response, start_response)
 
     return app

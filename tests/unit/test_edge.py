@@ -9,6 +9,7 @@ import io
 import json
 import logging
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -205,6 +206,84 @@ def test_one_large_upload_too_many_gets_503_at_once_and_small_ones_go_on() -> No
     again = call_wsgi(app, "POST", "/api/imports", query="batchId=big-3", content_type="text/csv",
                       headers=[("Authorization", f"Bearer {KEY_A}")], body=big)
     assert again.status == 202
+
+
+def test_a_body_too_slow_gets_408_frees_its_thread_and_keeps_its_read_slot_until_the_client_leaves() -> None:
+    """No read timeout in the server (granian): the helper's read is left
+    behind at the deadline; the request's thread answers 408 at once and
+    nothing is recorded; the left read keeps its body-read slot (one more
+    POST gets 503) until its client goes, then the slot is free again."""
+    h = make_harness()
+    h.api.body_timeout_s = 0.3
+    h.api.max_body_reads = 1
+    app = create_app(h.api, _keys(h))
+    gate, reading = threading.Event(), threading.Event()
+    started = time.monotonic()
+    slow = call_wsgi(app, "POST", "/api/imports", query="batchId=slow-1", content_type="text/csv",
+                     headers=[("Authorization", f"Bearer {KEY_A}")], stream=GatedStream(VALID_CSV.encode(), gate, reading),
+                     content_length=str(len(VALID_CSV)), validate=False)
+    assert time.monotonic() - started < 5
+    assert_problem(slow, 408, "request.timeout")
+    assert h.call("GET", "/api/imports/shipment-slow-1").status == 404
+    busy = call_wsgi(app, "POST", "/api/imports", query="batchId=next-1", content_type="text/csv",
+                     headers=[("Authorization", f"Bearer {KEY_A}")], body=VALID_CSV.encode())
+    assert_problem(busy, 503, "service.busy")
+    gate.set()  # the slow client's bytes arrive (or it goes): its left read ends
+    for _ in range(100):
+        again = call_wsgi(app, "POST", "/api/imports", query="batchId=next-1", content_type="text/csv",
+                          headers=[("Authorization", f"Bearer {KEY_A}")], body=VALID_CSV.encode())
+        if again.status != 503:
+            break
+        time.sleep(0.05)
+    assert again.status == 202
+    assert h.call("GET", "/api/imports/shipment-slow-1").status == 404
+
+
+class TimeoutSocket:
+    """gunicorn.socket: records its timeouts and shutdowns."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[float | None] = []
+        self.shut: list[int] = []
+
+    def gettimeout(self) -> float | None:
+        return None
+
+    def settimeout(self, value: float | None) -> None:
+        self.timeouts.append(value)
+
+    def shutdown(self, how: int) -> None:
+        self.shut.append(how)
+
+
+class TimingOutStream:
+    """gunicorn's wsgi.input when its socket's timeout passes mid-body."""
+
+    def __init__(self, first: bytes) -> None:
+        self.first: bytes | None = first
+
+    def read(self, size: int = -1) -> bytes:
+        if self.first is not None:
+            data, self.first = self.first, None
+            return data
+        raise TimeoutError("timed out")
+
+
+def test_under_gunicorn_the_socket_times_out_and_its_read_side_is_shut() -> None:
+    import socket
+
+    h = make_harness()
+    app = create_app(h.api, _keys(h))
+    sock = TimeoutSocket()
+    body = VALID_CSV.encode()
+    result = call_wsgi(app, "POST", "/api/imports", query="batchId=slow-g", content_type="text/csv",
+                       headers=[("Authorization", f"Bearer {KEY_A}")], stream=TimingOutStream(body[:5]),
+                       content_length=str(len(body)), validate=False, extra_environ={"gunicorn.socket": sock})
+    assert_problem(result, 408, "request.timeout")
+    assert sock.shut == [socket.SHUT_RD]
+    assert sock.timeouts[0] is not None and 0 < sock.timeouts[0] <= h.api.body_timeout_s
+    assert sock.timeouts[-1] is None  # restored
+    assert h.call("GET", "/api/imports/shipment-slow-g").status == 404
 
 
 # -- HEAD, common headers, request ids -------------------------------------------------
@@ -432,7 +511,7 @@ def test_reading_a_body_costs_at_most_twice_its_size(shape: bytes) -> None:
     environ = {"wsgi.input": io.BytesIO(data), "CONTENT_LENGTH": str(size)}
     tracemalloc.start()
     try:
-        body = WsgiBody(environ).read(2 * size, lambda: None)
+        body = WsgiBody(environ).read(2 * size, lambda: None, float("inf"), lambda: None)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
