@@ -10,6 +10,7 @@ gets 408 request.timeout and frees its thread.
 
 from __future__ import annotations
 
+import io
 import logging
 import socket
 import threading
@@ -153,41 +154,41 @@ class WsgiBody:
             return b""
         if length > LARGE_UPLOAD_BYTES:
             on_large()
-        # One buffer of the declared size, filled in place: the read costs the
-        # body once (plus the final copy to bytes), whatever its shape.
-        buffer = bytearray(length)
-        view = memoryview(buffer)
+        # Written into one growing buffer whose bytes are handed over without a
+        # copy (BytesIO.getvalue() shares its buffer; growing a block of 1 MiB
+        # or more is an mremap): the read costs the body once, plus one chunk.
+        buffer = io.BytesIO()
         filled = 0
-        try:
-            while filled < length:
-                chunk = self._chunk(min(_CHUNK, length - filled))
-                if not chunk:
-                    raise BodyIncomplete(f"{filled} of {length} declared bytes")
+        while filled < length:
+            chunk = self._chunk(min(_CHUNK, length - filled))
+            if not chunk:
+                raise BodyIncomplete(f"{filled} of {length} declared bytes")
+            if len(chunk) > length - filled:
                 chunk = chunk[: length - filled]
-                view[filled:filled + len(chunk)] = chunk
-                filled += len(chunk)
-        finally:
-            view.release()
-        return bytes(buffer)
+            buffer.write(chunk)
+            filled += len(chunk)
+            del chunk
+        return buffer.getvalue()
 
     def _read_to_end(self, limit: int, on_large: Callable[[], None]) -> bytes:
         """No Content-Length (chunked): read until the server says the body ended."""
-        parts: list[bytes] = []
+        buffer = io.BytesIO()
         size = 0
         while True:
             chunk = self._chunk(_CHUNK)
             if not chunk:
-                if self.chunked and not parts:
+                if self.chunked and not size:
                     # granian hands over a cut chunked body as an empty one;
                     # an empty chunked upload is no upload either.
                     raise BodyIncomplete("empty chunked body")
-                return b"".join(parts)
+                return buffer.getvalue()
             size += len(chunk)
             if size > limit:
                 raise BodyTooLarge()
             if size > LARGE_UPLOAD_BYTES:
                 on_large()
-            parts.append(chunk)
+            buffer.write(chunk)
+            del chunk
 
 
 def request_from_environ(environ: dict[str, Any], body: bytes) -> Request:

@@ -499,9 +499,10 @@ def _event(method: str, path: str, *, body: str | None = None, query: str = "", 
 
 
 @pytest.mark.parametrize("shape", [b",", b"\n", b"A"])
-def test_reading_a_body_costs_at_most_twice_its_size(shape: bytes) -> None:
-    """The read path alone (not the handler): one buffer of the declared size,
-    the final bytes, and one read chunk (1 MiB) in flight."""
+def test_reading_a_body_costs_it_once(shape: bytes) -> None:
+    """The read path alone (not the handler): one growing buffer handed over
+    without a copy (with BytesIO's growth margin, 1/8), and one read chunk
+    (1 MiB) in flight."""
     import tracemalloc
 
     from importer.handlers.wsgi import WsgiBody
@@ -516,4 +517,4 @@ def test_reading_a_body_costs_at_most_twice_its_size(shape: bytes) -> None:
     finally:
         tracemalloc.stop()
     assert body == data
-    assert peak <= 2 * size + 1.1 * 1024 * 1024, peak
+    assert peak <= 1.15 * size + 1.1 * 1024 * 1024, peak
