@@ -80,7 +80,7 @@ def start(kind: str, app: str, env: dict[str, str], port: int) -> subprocess.Pop
         argv = [str(BIN / "granian"), "--interface", "wsgi", "--workers", "2", "--blocking-threads", "4",
                 "--port", str(port), "--log-level", "warning", "--factory", "importer.adapters.http_server:wsgi_app"]
     else:
-        argv = [str(BIN / "importer"), "serve", "--bind", f"127.0.0.1:{port}", "--workers", "2", "--threads", "4"]
+        argv = [os.environ.get("BENCH_IMPORTER", str(BIN / "importer")), "serve", "--bind", f"127.0.0.1:{port}", "--workers", "2", "--threads", "4"]
         if not kind.endswith("-plain"):  # "-plain": a checkout whose serve has no --server (gunicorn)
             argv += ["--server", kind]
     log = open(tempfile.gettempdir() + f"/http-servers-{kind}-{app}.log", "wb")

@@ -76,6 +76,19 @@ class WsgiBody:
         self.socket: socket.socket | None = environ.get("gunicorn.socket")
         self.buffered = str(environ.get("SERVER_SOFTWARE", "")).lower().startswith("waitress")
         self.deadline = float("inf")
+        self.started = False
+
+    def left_unread(self) -> None:
+        """After an answer given without reading a body the client declared
+        (401, 429, 503...): under gunicorn, shut the socket's read side, so
+        that gunicorn does not read (drain) that body for keep-alive on one of
+        its threads, with no deadline; the connection closes after the answer."""
+        if self.started or self.socket is None or not (self.declared or self.chunked):
+            return
+        try:
+            self.socket.shutdown(socket.SHUT_RD)
+        except OSError:
+            pass
 
     def _chunk(self, size: int) -> bytes:
         if self.socket is not None:
@@ -92,6 +105,7 @@ class WsgiBody:
 
     def read(self, limit: int, on_large: Callable[[], None], deadline: float, done: Callable[[], None]) -> bytes:
         self.deadline = deadline
+        self.started = True
         if self.stream is None or self.socket is not None or self.buffered or self.declared == 0:
             try:
                 return self._read_here(limit, on_large)
@@ -219,7 +233,9 @@ def create_app(api: Api, keys: KeyRing) -> WsgiApp:
             log.exception("unreadable environ", extra={"event": "http.internal_error"})
             head = Request(method="GET", path="/", headers={})
             return _respond(finish(head.method, internal_error(), request_id_from({})), start_response)
-        response = handle(api, keys, head, WsgiBody(environ), limit=limit, slots=slots, read_slots=read_slots)
+        body = WsgiBody(environ)
+        response = handle(api, keys, head, body, limit=limit, slots=slots, read_slots=read_slots)
+        body.left_unread()
         return _respond(response, start_response)
 
     return app
