@@ -236,8 +236,11 @@ def latency_under_uploads(
                 started = time.perf_counter()
                 for _ in range(60):
                     status = upload(server.port, f"lat-{n}-{r}-{uuid.uuid4().hex[:6]}", body, key_a)
-                    if not (retry and status == 503):
+                    if not (retry and status in (0, 503)):
                         break
+                    # 503 busy, or 0: the connection was reset before the
+                    # answer could be read (the server answered early and closed)
+                    upload_statuses.append(status)
                     time.sleep(1.0)
                 upload_statuses.append(status)
                 upload_times.append(time.perf_counter() - started)
