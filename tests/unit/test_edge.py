@@ -518,3 +518,22 @@ def test_reading_a_body_costs_it_once(shape: bytes) -> None:
         tracemalloc.stop()
     assert body == data
     assert peak <= 1.15 * size + 1.1 * 1024 * 1024, peak
+
+
+def test_the_http_sides_redis_packer_sends_an_upload_without_copying_it() -> None:
+    """hiredis packs a command into one new bytes (a copy of a 10 MiB upload);
+    for a command carrying a large value the HTTP side's packer hands the
+    value itself to the socket, and packs the same bytes."""
+    from redis._parsers.encoders import Encoder
+    from redis.connection import PythonRespSerializer
+
+    from importer.adapters.bootstrap import LargeValuePacker
+
+    packer = LargeValuePacker()
+    upload = b"sku,quantity\n" + b"A,1\n" * 100_000
+    pieces = packer.pack("EVALSHA", "abc", 1, "key", upload, 7)
+    assert any(piece is upload for piece in pieces)
+    assert b"".join(pieces) == b"".join(PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode).pack(
+        "EVALSHA", "abc", 1, "key", upload, 7))
+    small = packer.pack("GET", "key")
+    assert b"".join(small) == b"*2\r\n$3\r\nGET\r\n$3\r\nkey\r\n"
