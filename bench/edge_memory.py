@@ -15,7 +15,8 @@ other owners during large uploads. A script, not a timed test.
    behaves like curl: it watches for an early answer while sending.
 
 ``--importer`` runs another checkout's ``importer`` (e.g. the main branch's
-.venv/bin/importer) for the "before" figures. Starts its own embedded valkey
+.venv/bin/importer) for the "before" figures; ``--compare`` runs a second one
+in turn with it (latency), so that both see the same machine load. Starts its own embedded valkey
 (never the machine's 6379) unless IMPORTER_REDIS_URL is set, and a fresh key
 prefix per run.
 """
@@ -288,6 +289,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--importer", default=str(ROOT / ".venv" / "bin" / "importer"))
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--compare", help="another importer (e.g. a checkout of main) run in turn with --importer, for before/after")
     parser.add_argument("--only", default="rss,latency")
     parser.add_argument("--latency-shape", choices=sorted(LATENCY_SHAPES), default="commas")
     parser.add_argument("--rounds", type=int, default=3)
@@ -320,23 +322,29 @@ def main() -> int:
                 f"owner B GET latency while owner A sends 8 uploads of {len(body) / MIB:.1f} MiB ({args.latency_shape}) at once "
                 f"({args.rounds} rounds{', 503 retried after Retry-After' if args.retry else ''}), importer serve defaults"
             )
-            p99s, all_p99s = [], []
+            importers = [args.importer] + ([args.compare] if args.compare else [])
+            p99s: dict[str, list[float]] = {name: [] for name in importers}
+            all_p99s: dict[str, list[float]] = {name: [] for name in importers}
             for _ in range(args.repeat):
-                load = os.getloadavg()[0]
-                fig = latency_under_uploads(args.importer, redis_url, key_a, key_b, body, rounds=args.rounds, retry=args.retry)
-                p99s.append(fig["p99_ms"])
-                all_p99s.append(fig["all"]["p99_ms"])  # type: ignore[index]
+                for importer in importers:  # interleaved: both see the same machine load
+                    load = os.getloadavg()[0]
+                    fig = latency_under_uploads(importer, redis_url, key_a, key_b, body, rounds=args.rounds, retry=args.retry)
+                    p99s[importer].append(fig["p99_ms"])  # type: ignore[arg-type]
+                    all_p99s[importer].append(fig["all"]["p99_ms"])  # type: ignore[index]
+                    print(
+                        f"  {'' if len(importers) == 1 else importer + ': '}load {load:.1f}; B idle p50 {fig['idle_p50_ms']:.2f} ms; "
+                        f"during A's uploads: n={fig['n']} p50 {fig['p50_ms']:.1f} ms, "
+                        f"p90 {fig['p90_ms']:.1f} ms, p99 {fig['p99_ms']:.1f} ms, max {fig['max_ms']:.1f} ms "
+                        f"(with the second before: n={fig['all']['n']} p99 {fig['all']['p99_ms']:.1f} ms); "  # type: ignore[index]
+                        f"A's uploads {fig['uploads']} (median {fig['upload_median_s']:.2f} s, all in {fig['elapsed_s']:.1f} s); "
+                        f"worker peaks {', '.join(f'{m:.0f}' for m in fig['worker_peak_mib'])} MiB", flush=True  # type: ignore[attr-defined]
+                    )
+            for importer in importers:
                 print(
-                    f"  load {load:.1f}; B idle p50 {fig['idle_p50_ms']:.2f} ms; during A's uploads: n={fig['n']} p50 {fig['p50_ms']:.1f} ms, "
-                    f"p90 {fig['p90_ms']:.1f} ms, p99 {fig['p99_ms']:.1f} ms, max {fig['max_ms']:.1f} ms "
-                    f"(with the second before: n={fig['all']['n']} p99 {fig['all']['p99_ms']:.1f} ms); "  # type: ignore[index]
-                    f"A's uploads {fig['uploads']} (median {fig['upload_median_s']:.2f} s, all in {fig['elapsed_s']:.1f} s); "
-                    f"worker peaks {', '.join(f'{m:.0f}' for m in fig['worker_peak_mib'])} MiB", flush=True
+                    f"  {importer}: median over {len(p99s[importer])} runs: p99 during {statistics.median(p99s[importer]):.1f} ms "
+                    f"(runs: {', '.join(f'{v:.0f}' for v in p99s[importer])}), "
+                    f"p99 with the second before {statistics.median(all_p99s[importer]):.1f} ms"
                 )
-            print(
-                f"  median over {len(p99s)} runs: p99 during {statistics.median(p99s):.1f} ms, "
-                f"p99 with the second before {statistics.median(all_p99s):.1f} ms"
-            )
     finally:
         if embedded is not None:
             embedded.stop()
