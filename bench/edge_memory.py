@@ -179,6 +179,23 @@ def _owner_b(
     out.put(latencies)
 
 
+def _redis_probe(
+    redis_url: str, stop: "multiprocessing.synchronize.Event", out: "multiprocessing.Queue[list[tuple[float, float]]]"
+) -> None:
+    """In its own process: PING the Redis in a loop (what any Redis call of
+    B's GET waits for when Redis itself is busy, e.g. storing an upload)."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    latencies: list[tuple[float, float]] = []
+    while not stop.is_set():
+        started = time.monotonic()
+        client.ping()
+        latencies.append((started, time.monotonic() - started))
+        time.sleep(0.002)
+    out.put(latencies)
+
+
 def upload(port: int, batch_id: str, body: bytes, key: str) -> int:
     """POST like curl does: send the body while watching for an early answer
     (401/429/503 come before the body is read) and stop sending when one comes."""
@@ -255,6 +272,9 @@ def latency_under_uploads(
         idle_proc.join()
         b = ctx.Process(target=_owner_b, args=(server.port, key_b, stop, out))
         b.start()
+        probe_out: "multiprocessing.Queue[list[tuple[float, float]]]" = ctx.Queue()
+        probe = ctx.Process(target=_redis_probe, args=(redis_url, stop, probe_out))
+        probe.start()
         time.sleep(1.0)
         started = time.perf_counter()
         window_start = time.monotonic()
@@ -269,6 +289,8 @@ def latency_under_uploads(
         stop.set()
         samples = out.get(timeout=60)
         b.join()
+        pings = probe_out.get(timeout=60)
+        probe.join()
         rss = [status_kib(pid, "VmHWM") / 1024 for pid in server.workers()]
         return {
             "idle_p50_ms": 1000 * statistics.median(idle[10:] or idle),
@@ -276,6 +298,7 @@ def latency_under_uploads(
             # figures before 2026-11-30 also counted 1 s before them: "all").
             **_percentiles([t for start, t in samples if window_start <= start <= window_end]),
             "all": _percentiles([t for _, t in samples]),
+            "redis_ping": _percentiles([t for start, t in pings if window_start <= start <= window_end]),
             "uploads": {s: upload_statuses.count(s) for s in sorted(set(upload_statuses))},
             "upload_median_s": statistics.median(upload_times),
             "elapsed_s": elapsed,
@@ -336,6 +359,7 @@ def main() -> int:
                         f"during A's uploads: n={fig['n']} p50 {fig['p50_ms']:.1f} ms, "
                         f"p90 {fig['p90_ms']:.1f} ms, p99 {fig['p99_ms']:.1f} ms, max {fig['max_ms']:.1f} ms "
                         f"(with the second before: n={fig['all']['n']} p99 {fig['all']['p99_ms']:.1f} ms); "  # type: ignore[index]
+                        f"Redis PING meanwhile p99 {fig['redis_ping']['p99_ms']:.1f} ms, max {fig['redis_ping']['max_ms']:.1f} ms; "  # type: ignore[index]
                         f"A's uploads {fig['uploads']} (median {fig['upload_median_s']:.2f} s, all in {fig['elapsed_s']:.1f} s); "
                         f"worker peaks {', '.join(f'{m:.0f}' for m in fig['worker_peak_mib'])} MiB", flush=True  # type: ignore[attr-defined]
                     )
