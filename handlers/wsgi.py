@@ -141,8 +141,8 @@ class WsgiBody:
             except BaseException as err:  # handed to the request's thread
                 outcome.append(err)
             finally:
+                done()  # the slot first: a POST right after this one finds it free
                 finished.set()
-                done()
 
         threading.Thread(target=reader, name="importer-body-reader", daemon=True).start()
         if not finished.wait(None if deadline == float("inf") else max(0.0, deadline - time.monotonic())):
