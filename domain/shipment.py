@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from bisect import bisect_right
 from collections.abc import Iterator
 from itertools import chain
 from dataclasses import dataclass
@@ -165,20 +166,37 @@ def _blocks(data: bytes, start: int) -> Iterator[tuple[int, int]]:
 
 
 def _sorted_in_steps(items: list[bytes]) -> list[bytes]:
-    """``sorted(items)``, in calls of at most a few milliseconds each: blocks
-    of _STEP_LINES sorted, then merged two by two (sorting two sorted runs
-    laid end to end is one linear merge)."""
+    """``sorted(items)``, in calls of a few milliseconds each: blocks of
+    _STEP_LINES sorted, then merged two by two, each merge in steps."""
     runs = [sorted(items[i:i + _STEP_LINES]) for i in range(0, len(items), _STEP_LINES)]
     while len(runs) > 1:
-        merged = []
-        for left, right in zip(runs[0::2], runs[1::2]):
-            left += right
-            left.sort()
-            merged.append(left)
+        merged = [_merged_in_steps(left, right) for left, right in zip(runs[0::2], runs[1::2])]
         if len(runs) % 2:
             merged.append(runs[-1])
         runs = merged
     return runs[0] if runs else []
+
+
+def _merged_in_steps(left: list[bytes], right: list[bytes]) -> list[bytes]:
+    """Two sorted lists merged, at most _STEP_LINES of each per step: the next
+    lines of one and those of the other that sort before the last of them,
+    sorted together (two sorted runs laid end to end: one linear merge)."""
+    out: list[bytes] = []
+    i = j = 0
+    while i < len(left) and j < len(right):
+        i_end = min(i + _STEP_LINES, len(left))
+        j_limit = min(j + _STEP_LINES, len(right))
+        j_end = bisect_right(right, left[i_end - 1], j, j_limit)
+        if j_end == j_limit < len(right):
+            # right's step ends below left's: cut left at right's last line instead
+            i_end = bisect_right(left, right[j_end - 1], i, i_end)
+        step = left[i:i_end] + right[j:j_end]
+        step.sort()
+        out += step
+        i, j = i_end, j_end
+    out += left[i:]
+    out += right[j:]
+    return out
 
 
 def could_be_valid(data: bytes, max_rows: int) -> bool:

@@ -432,3 +432,19 @@ def test_the_plain_path_in_steps_agrees_with_the_full_parse_on_large_files() -> 
         bad = ("sku,quantity\n" + "\n".join(twice) + "\n").encode()
         assert _plain_content_sha256(bad, 100_000) is None, index
         assert isinstance(parse_shipment(bad), CsvInvalid)
+
+
+def test_sorting_and_merging_in_steps_equal_sorted() -> None:
+    """Many equal lines, lists around the step size, one side ending first."""
+    import random
+
+    from importer.domain.shipment import _STEP_LINES, _merged_in_steps, _sorted_in_steps
+
+    rng = random.Random(3)
+    for n in (0, 1, 5, _STEP_LINES - 1, _STEP_LINES, _STEP_LINES + 1, 3 * _STEP_LINES + 7):
+        for alphabet in (b"ab", b"0123456789"):
+            items = [bytes(rng.choice(alphabet) for _ in range(rng.randint(0, 5))) for _ in range(n)]
+            assert _sorted_in_steps(list(items)) == sorted(items)
+            left, right = sorted(items[: n // 3]), sorted(items[n // 3:])
+            assert _merged_in_steps(left, right) == sorted(items)
+            assert _merged_in_steps(right, left) == sorted(items)
