@@ -5,7 +5,7 @@ The body is read only after the route and the API key passed (handlers/edge.py),
 at most up to the limit (a larger Content-Length is refused with 413 before a
 byte of the body is read), only whole: a short or cut body is refused, and
 only until its deadline (IMPORTER_HTTP_BODY_TIMEOUT): a body that trickles
-gets 408 request.timeout and frees its thread.
+gets 408 request.timeout.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import io
 import logging
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -62,10 +61,13 @@ class WsgiBody:
     timeout for each read, and its read side is shut after a timeout (so
     gunicorn does not wait for the rest of the body either); waitress has
     read the whole body before it calls the app; any other server (granian)
-    offers no read timeout, so the body is read by a helper thread that the
-    request's thread waits for until the deadline. A read left behind ends
-    when the client finishes or goes away; until then it keeps its body-read
-    slot (handlers/edge.py), so such reads are bounded.
+    offers no read timeout and its read cannot be interrupted: the deadline
+    is checked after each read, so a body that trickles holds its thread
+    (and its body-read slot, handlers/edge.py, which bounds how many threads
+    such bodies hold) until it ends or the client goes, and is then refused.
+    (Reading in a helper thread that the request stops waiting for enforced
+    the deadline, but cost a third of the POST throughput under granian:
+    bench/EDGE_RESULTS.md.)
     """
 
     def __init__(self, environ: dict[str, Any]) -> None:
@@ -97,21 +99,22 @@ class WsgiBody:
                 raise BodyTimeout()
             self.socket.settimeout(min(remaining, 3600.0))
         try:
-            return self.stream.read(size)  # type: ignore[union-attr,no-any-return]
+            chunk = self.stream.read(size)  # type: ignore[union-attr]
         except Exception as err:  # the server's own error on a broken body (gunicorn: NoMoreData, ...)
             if isinstance(err, TimeoutError) or time.monotonic() >= self.deadline:
                 raise BodyTimeout() from None
             raise BodyIncomplete(type(err).__name__) from None
+        if time.monotonic() > self.deadline:
+            raise BodyTimeout()
+        return chunk  # type: ignore[no-any-return]
 
     def read(self, limit: int, on_large: Callable[[], None], deadline: float, done: Callable[[], None]) -> bytes:
         self.deadline = deadline
         self.started = True
-        if self.stream is None or self.socket is not None or self.buffered or self.declared == 0:
-            try:
-                return self._read_here(limit, on_large)
-            finally:
-                done()
-        return self._read_in_helper(limit, on_large, deadline, done)
+        try:
+            return self._read_here(limit, on_large)
+        finally:
+            done()
 
     def _read_here(self, limit: int, on_large: Callable[[], None]) -> bytes:
         timeout = self.socket.gettimeout() if self.socket is not None else None
@@ -130,27 +133,6 @@ class WsgiBody:
                     self.socket.settimeout(timeout)
                 except OSError:
                     pass
-
-    def _read_in_helper(self, limit: int, on_large: Callable[[], None], deadline: float, done: Callable[[], None]) -> bytes:
-        outcome: list[Any] = []
-        finished = threading.Event()
-
-        def reader() -> None:
-            try:
-                outcome.append(self._read(limit, on_large))
-            except BaseException as err:  # handed to the request's thread
-                outcome.append(err)
-            finally:
-                done()  # the slot first: a POST right after this one finds it free
-                finished.set()
-
-        threading.Thread(target=reader, name="importer-body-reader", daemon=True).start()
-        if not finished.wait(None if deadline == float("inf") else max(0.0, deadline - time.monotonic())):
-            raise BodyTimeout()
-        (result,) = outcome
-        if isinstance(result, BaseException):
-            raise result
-        return result  # type: ignore[no-any-return]
 
     def _read(self, limit: int, on_large: Callable[[], None]) -> bytes:
         if self.stream is None:

@@ -208,35 +208,61 @@ def test_one_large_upload_too_many_gets_503_at_once_and_small_ones_go_on() -> No
     assert again.status == 202
 
 
-def test_a_body_too_slow_gets_408_frees_its_thread_and_keeps_its_read_slot_until_the_client_leaves() -> None:
-    """No read timeout in the server (granian): the helper's read is left
-    behind at the deadline; the request's thread answers 408 at once and
-    nothing is recorded; the left read keeps its body-read slot (one more
-    POST gets 503) until its client goes, then the slot is free again."""
+class TricklingStream:
+    """A body that arrives a few bytes per read, each read taking a while."""
+
+    def __init__(self, data: bytes, pause: float) -> None:
+        self._io = io.BytesIO(data)
+        self.pause = pause
+
+    def read(self, size: int = -1) -> bytes:
+        time.sleep(self.pause)
+        return self._io.read(min(size, 8))
+
+
+def test_a_body_still_arriving_at_its_deadline_gets_408_and_nothing_is_recorded() -> None:
     h = make_harness()
     h.api.body_timeout_s = 0.3
-    h.api.max_body_reads = 1
     app = create_app(h.api, _keys(h))
-    gate, reading = threading.Event(), threading.Event()
-    started = time.monotonic()
+    body = VALID_CSV.encode()
     slow = call_wsgi(app, "POST", "/api/imports", query="batchId=slow-1", content_type="text/csv",
-                     headers=[("Authorization", f"Bearer {KEY_A}")], stream=GatedStream(VALID_CSV.encode(), gate, reading),
-                     content_length=str(len(VALID_CSV)), validate=False)
-    assert time.monotonic() - started < 5
+                     headers=[("Authorization", f"Bearer {KEY_A}")], stream=TricklingStream(body, 0.1),
+                     content_length=str(len(body)), validate=False)
     assert_problem(slow, 408, "request.timeout")
     assert h.call("GET", "/api/imports/shipment-slow-1").status == 404
-    busy = call_wsgi(app, "POST", "/api/imports", query="batchId=next-1", content_type="text/csv",
-                     headers=[("Authorization", f"Bearer {KEY_A}")], body=VALID_CSV.encode())
-    assert_problem(busy, 503, "service.busy")
-    gate.set()  # the slow client's bytes arrive (or it goes): its left read ends
-    for _ in range(100):
-        again = call_wsgi(app, "POST", "/api/imports", query="batchId=next-1", content_type="text/csv",
-                          headers=[("Authorization", f"Bearer {KEY_A}")], body=VALID_CSV.encode())
-        if again.status != 503:
-            break
-        time.sleep(0.05)
+
+
+def test_bodies_read_at_once_are_bounded_and_the_slot_comes_back() -> None:
+    """While IMPORTER_MAX_BODY_READS bodies are being read, one more POST gets
+    503 service.busy (GETs go on); once the read ends the slot is free."""
+    h = make_harness()
+    h.api.max_body_reads = 1
+    app = create_app(h.api, _keys(h))
+    body = VALID_CSV.encode()
+    gate, reading = threading.Event(), threading.Event()
+    first: list[Result] = []
+
+    def post_first() -> None:
+        first.append(call_wsgi(app, "POST", "/api/imports", query="batchId=held-1", content_type="text/csv",
+                               headers=[("Authorization", f"Bearer {KEY_A}")], stream=GatedStream(body, gate, reading),
+                               content_length=str(len(body)), validate=False))
+
+    thread = threading.Thread(target=post_first)
+    thread.start()
+    try:
+        assert reading.wait(10)
+        busy = call_wsgi(app, "POST", "/api/imports", query="batchId=next-1", content_type="text/csv",
+                         headers=[("Authorization", f"Bearer {KEY_A}")], body=body)
+        assert_problem(busy, 503, "service.busy")
+        assert busy.header("Retry-After") == "1"
+        assert h.call("GET", "/api/imports/shipment-nope").status == 404
+    finally:
+        gate.set()
+        thread.join(10)
+    assert first[0].status == 202
+    again = call_wsgi(app, "POST", "/api/imports", query="batchId=next-1", content_type="text/csv",
+                      headers=[("Authorization", f"Bearer {KEY_A}")], body=body)
     assert again.status == 202
-    assert h.call("GET", "/api/imports/shipment-slow-1").status == 404
 
 
 class TimeoutSocket:
