@@ -47,7 +47,29 @@ def clock_ms() -> int:
     return int(time.time() * 1000)
 
 
-def redis_client(settings: Settings) -> redis.Redis:
+class LargeValuePacker:
+    """redis-py's command packer for the HTTP side: hiredis's (fast) for
+    ordinary commands, redis-py's own for a command carrying a large value
+    (an upload, in enqueue.lua's arguments). hiredis packs every argument
+    into one new bytes object, a copy of the upload; redis-py's own packer
+    sends a large value as its own buffer."""
+
+    LARGE = 64 * 1024
+
+    def __init__(self) -> None:
+        from redis._parsers.encoders import Encoder
+        from redis.connection import HiredisRespSerializer, PythonRespSerializer
+        from redis.utils import HIREDIS_AVAILABLE
+
+        self.plain = PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)
+        self.fast = HiredisRespSerializer() if HIREDIS_AVAILABLE else self.plain
+
+    def pack(self, *args: Any) -> list[Any]:
+        large = any(isinstance(arg, (bytes, bytearray, memoryview)) and len(arg) > self.LARGE for arg in args)
+        return (self.plain if large else self.fast).pack(*args)  # type: ignore[no-any-return]
+
+
+def redis_client(settings: Settings, *, large_values: bool = False) -> redis.Redis:
     """A client whose every call waits at most IMPORTER_REDIS_SOCKET_TIMEOUT.
 
     A paused Redis must not hang a request or a worker thread (dramatiq's
@@ -58,7 +80,8 @@ def redis_client(settings: Settings) -> redis.Redis:
     with its own wait, before the command on an idle connection. Here: one
     retry, on ConnectionError only (a pooled connection that a restarted Redis
     closed fails at once and is reopened); a timeout is never retried; no
-    health-check PING.
+    health-check PING. ``large_values``: the client sends uploads (the HTTP
+    side): see LargeValuePacker.
     """
     if not settings.redis_url:
         raise SettingsError("IMPORTER_REDIS_URL is not set (only `importer dev` starts an embedded server)")
@@ -69,6 +92,7 @@ def redis_client(settings: Settings) -> redis.Redis:
         socket_connect_timeout=min(timeout, 5.0),
         retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
         health_check_interval=0,
+        **({"command_packer": LargeValuePacker()} if large_values else {}),
     )
 
 
@@ -121,7 +145,7 @@ class HttpSide:
 
 def build_http(settings: Settings) -> HttpSide:
     bound_large_allocations()
-    client = redis_client(settings)
+    client = redis_client(settings, large_values=True)
     broker = build_broker(settings, client)
     queue = ImportQueue(broker, settings)
     # On the Redis transport the message is written with the job record, in
@@ -153,6 +177,8 @@ def build_http(settings: Settings) -> HttpSide:
             block_s=max(0.1, min(5.0, settings.redis_socket_timeout_s / 2)),
         ),
         max_concurrent_uploads=settings.max_concurrent_uploads,
+        max_body_reads=settings.max_body_reads,
+        body_timeout_s=settings.http_body_timeout_s,
         release_memory=release_free_memory,
         producer_version=settings.producer_version,
     )

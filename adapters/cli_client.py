@@ -4,7 +4,11 @@
 from __future__ import annotations
 
 import argparse
+import http.client
+import io
 import json
+import select
+import socket
 import sys
 import time
 import urllib.error
@@ -17,8 +21,18 @@ from importer.adapters.settings import ClientSettings
 from importer.domain.jobs import FINISHED_STATES
 
 
+#: Seconds to wait for the server's ``100 Continue`` (or its early final
+#: answer) before sending the body anyway, as curl does.
+EXPECT_WAIT_S = 1.0
+#: Bytes sent per write while watching for an early answer.
+_SEND_CHUNK = 64 * 1024
+
+
 def http_json(method: str, url: str, key: str | None, body: bytes | None = None, ctype: str = "") -> tuple[int, Any]:
     """One request; (status, decoded JSON body). HTTP errors are answers, not exceptions."""
+    if body is not None:
+        status, data = send_body(method, url, key, body, ctype)
+        return status, json.loads(data or b"null")
     request = urllib.request.Request(url, data=body, method=method)
     if key:
         request.add_header("Authorization", f"Bearer {key}")
@@ -29,6 +43,114 @@ def http_json(method: str, url: str, key: str | None, body: bytes | None = None,
             return response.status, json.loads(response.read() or b"null")
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read() or b"null")
+
+
+def send_body(method: str, url: str, key: str | None, body: bytes, ctype: str, timeout: float = 60) -> tuple[int, bytes]:
+    """A request with a body that hears the server's answer even when the server
+    answers before reading the body (401, 429, 503 busy, 413) and then closes.
+
+    urllib sends the whole body before it reads anything, so such an answer
+    becomes a connection reset. Here the request head carries ``Expect:
+    100-continue``; the body is sent after the server's ``100 Continue`` (or
+    after EXPECT_WAIT_S without any answer: a server or proxy that ignores
+    Expect), in chunks, and sending stops as soon as a final answer arrives."""
+    parts = urllib.parse.urlsplit(url)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    conn_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = conn_class(parts.hostname or "127.0.0.1", parts.port, timeout=timeout)
+    try:
+        conn.putrequest(method, path, skip_accept_encoding=True)
+        if key:
+            conn.putheader("Authorization", f"Bearer {key}")
+        if ctype:
+            conn.putheader("Content-Type", ctype)
+        conn.putheader("Content-Length", str(len(body)))
+        conn.putheader("Expect", "100-continue")
+        conn.endheaders()
+        sock = conn.sock
+        answer_start = _await_continue(sock)
+        if answer_start is None:
+            _send_unless_answered(sock, body)
+            answer_start = b""
+        response = http.client.HTTPResponse(_Prefixed(answer_start, sock), method=method)  # type: ignore[arg-type]
+        response.begin()  # skips a 100 Continue that came late
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def _await_continue(sock: socket.socket) -> bytes | None:
+    """None: send the body (``100 Continue`` came, or nothing within
+    EXPECT_WAIT_S). Else the server answered before the body: the first line
+    of its answer, already read."""
+    readable, _, _ = select.select([sock], [], [], EXPECT_WAIT_S)
+    if not readable:
+        return None
+    line = _read_line(sock)
+    if line.split(b" ", 2)[1:2] != [b"100"]:
+        return line
+    while _read_line(sock) not in (b"\r\n", b"\n", b""):
+        pass  # the interim answer's headers
+    return None
+
+
+def _read_line(sock: socket.socket) -> bytes:
+    """One line, byte by byte: nothing after it is taken from the socket."""
+    line = b""
+    while not line.endswith(b"\n") and len(line) < 65536:
+        byte = sock.recv(1)
+        if not byte:
+            break
+        line += byte
+    return line
+
+
+def _send_unless_answered(sock: socket.socket, body: bytes) -> None:
+    """Send the body, stopping early when the server's answer arrives (or the
+    server stops reading and closes: its answer is read next)."""
+    view = memoryview(body)
+    sent = 0
+    try:
+        while sent < len(view):
+            readable, writable, _ = select.select([sock], [sock], [], sock.gettimeout())
+            if readable:
+                return
+            if not writable:
+                raise TimeoutError("the server stopped reading the body")
+            sent += sock.send(view[sent:sent + _SEND_CHUNK])
+    except (BrokenPipeError, ConnectionResetError):
+        return  # the server closed while we were sending: its answer may be there
+    finally:
+        view.release()
+
+
+class _Prefixed:
+    """What http.client.HTTPResponse reads from: bytes already taken off the
+    socket, then the socket."""
+
+    def __init__(self, prefix: bytes, sock: socket.socket) -> None:
+        self.prefix = prefix
+        self.sock = sock
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        return io.BufferedReader(_PrefixedRaw(self.prefix, self.sock))
+
+
+class _PrefixedRaw(io.RawIOBase):
+    def __init__(self, prefix: bytes, sock: socket.socket) -> None:
+        self.prefix = prefix
+        self.sock = sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self.prefix:
+            n = min(len(buffer), len(self.prefix))
+            buffer[:n] = self.prefix[:n]
+            self.prefix = self.prefix[n:]
+            return n
+        return self.sock.recv_into(buffer)
 
 
 def _target(args: argparse.Namespace) -> tuple[str, str]:
@@ -134,7 +256,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     query = urllib.parse.urlencode({"batchId": args.batch_id})
     try:
         status, body = http_json("POST", f"{url}/api/imports?{query}", key, data, "text/csv")
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, http.client.HTTPException) as err:
         print(f"importer: cannot reach {url}: {err}", file=sys.stderr)
         return 2
     if status != 202:

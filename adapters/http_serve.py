@@ -18,9 +18,17 @@ What granian does and does not do for us, checked against granian 2.8.9:
   bytes or the end), never buffered before the app asks. The app refuses an
   oversize ``Content-Length`` before reading and stops a chunked body at its
   limit (handlers/wsgi.py), so the upload limit holds as under gunicorn.
-  granian has **no body read timeout**: a body that trickles holds one of the
-  process's ``--threads`` until it ends or the client goes away. Only requests
-  that passed authentication and the rate limit read their body.
+  granian has **no body read timeout**, its read cannot be interrupted and
+  the app cannot close a connection: a body that trickles holds its thread
+  until it ends or the client goes away (then, past IMPORTER_HTTP_BODY_TIMEOUT,
+  408 request.timeout, handlers/wsgi.py). IMPORTER_MAX_BODY_READS bounds how
+  many threads of a process such bodies hold. (Reading in a helper thread
+  that the request stops waiting for at the deadline cost a third of the
+  POST throughput.) Only requests that passed authentication and the rate
+  limit read their body.
+* ``Expect: 100-continue``: hyper sends ``100 Continue`` when the app first
+  reads the body, so a refused request (401, 429, 503) gets its final answer
+  without the client sending the body (``importer submit`` relies on it).
 * No request timeout (gunicorn's ``--timeout`` restarts a stuck worker; with
   granian a stuck request holds its thread). Redis calls have socket timeouts.
 * Response header names go out in lower case (hyper's HTTP/1; header names are

@@ -136,6 +136,12 @@ class Settings:
     #: Large uploads (over 1 MiB) one HTTP process reads and handles at once;
     #: one more gets 503 service.busy with Retry-After (0 = no bound).
     max_concurrent_uploads: int = 1
+    #: Request bodies one HTTP process reads at once (a slow body holds its
+    #: slot until it arrived, or its timeout and the client left); one more
+    #: POST gets 503 service.busy, so slow bodies never hold every thread (0 = no bound).
+    max_body_reads: int = 2
+    #: Seconds a request body may take to arrive whole; then 408 request.timeout.
+    http_body_timeout_s: float = 60.0
     #: Refuse to start unless Redis has maxmemory-policy noeviction (override: loud warning).
     allow_eviction: bool = False
     #: Bearer token that GET /metrics requires; unset = nobody can read /metrics (401).
@@ -196,6 +202,8 @@ class Settings:
             rate_limit=_int(env, "IMPORTER_RATE_LIMIT", cls.rate_limit),
             rate_window_s=_float(env, "IMPORTER_RATE_WINDOW", cls.rate_window_s),
             max_concurrent_uploads=_int(env, "IMPORTER_MAX_CONCURRENT_UPLOADS", cls.max_concurrent_uploads),
+            max_body_reads=_int(env, "IMPORTER_MAX_BODY_READS", cls.max_body_reads),
+            http_body_timeout_s=_float(env, "IMPORTER_HTTP_BODY_TIMEOUT", cls.http_body_timeout_s),
             allow_eviction=_flag(env, "IMPORTER_ALLOW_EVICTION"),
             metrics_token=env.get("IMPORTER_METRICS_TOKEN", ""),
             worker_metrics_port=_int(env, "IMPORTER_WORKER_METRICS_PORT", 0),
@@ -225,6 +233,8 @@ class Settings:
             raise SettingsError("IMPORTER_EVENT_STREAM_HEARTBEAT and IMPORTER_EVENT_STREAM_MAX_DURATION must be > 0")
         if self.redis_socket_timeout_s <= 0 or self.reconcile_interval_s <= 0 or self.attempt_lease_s <= 0:
             raise SettingsError("IMPORTER_REDIS_SOCKET_TIMEOUT, IMPORTER_RECONCILE_INTERVAL and IMPORTER_ATTEMPT_LEASE must be > 0")
+        if self.http_body_timeout_s <= 0:
+            raise SettingsError("IMPORTER_HTTP_BODY_TIMEOUT must be > 0")
         if self.http_server not in ("granian", "gunicorn"):
             raise SettingsError("IMPORTER_HTTP_SERVER must be granian or gunicorn")
         if self.max_attempts < 1:

@@ -15,7 +15,8 @@ other owners during large uploads. A script, not a timed test.
    behaves like curl: it watches for an early answer while sending.
 
 ``--importer`` runs another checkout's ``importer`` (e.g. the main branch's
-.venv/bin/importer) for the "before" figures. Starts its own embedded valkey
+.venv/bin/importer) for the "before" figures; ``--compare`` runs a second one
+in turn with it (latency), so that both see the same machine load. Starts its own embedded valkey
 (never the machine's 6379) unless IMPORTER_REDIS_URL is set, and a fresh key
 prefix per run.
 """
@@ -27,6 +28,7 @@ import http.client
 import multiprocessing
 import multiprocessing.synchronize
 import os
+import random
 import select
 import socket
 import statistics
@@ -52,6 +54,18 @@ SHAPES = {
     "newlines": HEADER + b"\n" * (UPLOAD - len(HEADER)),
     "one long line": HEADER + b"A" * (UPLOAD - len(HEADER)),
 }
+
+
+def valid_upload(rows: int = 100_000) -> bytes:
+    """The largest valid file under the default limits: 100,000 rows (the row
+    limit) of 64-character SKUs in shuffled order, about 7 MiB."""
+    order = list(range(rows))
+    random.Random(11).shuffle(order)
+    return HEADER + b"".join(b"%s,%d\n" % (b"S%063d" % n, 1 + n % 999_999) for n in order)
+
+
+#: Shapes of A's uploads in the latency measurement (--latency-shape).
+LATENCY_SHAPES = {"commas": lambda: SHAPES["commas"], "valid": valid_upload}
 
 
 def free_port() -> int:
@@ -128,13 +142,13 @@ class Server:
         os.unlink(self.log.name)
 
 
-def peak_rss(importer: str, redis_url: str, shape: str, key: str) -> tuple[float, float, float, int]:
+def peak_rss(importer: str, redis_url: str, body: bytes, key: str) -> tuple[float, float, float, int]:
     server = Server(importer, redis_url, 1, 4, {"owner-a": key})
     try:
         (worker,) = server.workers()
         server.request("GET", "/api/imports/x", key=key)  # warm: first authenticated request
         idle = status_kib(worker, "VmRSS")
-        status, _ = server.request("POST", f"/api/imports?batchId=mem-{uuid.uuid4().hex[:8]}", SHAPES[shape], key)
+        status, _ = server.request("POST", f"/api/imports?batchId=mem-{uuid.uuid4().hex[:8]}", body, key)
         peak = status_kib(worker, "VmHWM")
         time.sleep(2)
         after = status_kib(worker, "VmRSS")
@@ -143,22 +157,42 @@ def peak_rss(importer: str, redis_url: str, shape: str, key: str) -> tuple[float
         server.stop()
 
 
-def _owner_b(port: int, key: str, stop: "multiprocessing.synchronize.Event", out: "multiprocessing.Queue[list[float]]") -> None:
-    """In its own process (no GIL shared with the uploading threads): GETs in a loop."""
-    latencies: list[float] = []
+def _owner_b(
+    port: int, key: str, stop: "multiprocessing.synchronize.Event", out: "multiprocessing.Queue[list[tuple[float, float]]]"
+) -> None:
+    """In its own process (no GIL shared with the uploading threads): GETs in
+    a loop; (when it started on the monotonic clock, seconds it took) each."""
+    latencies: list[tuple[float, float]] = []
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     headers = {"Authorization": f"Bearer {key}"}
     while not stop.is_set():
-        started = time.perf_counter()
+        started = time.monotonic()
         try:
             conn.request("GET", "/api/imports/shipment-nope", headers=headers)
             conn.getresponse().read()
         except (OSError, http.client.HTTPException):
             conn.close()
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        latencies.append(time.perf_counter() - started)
+        latencies.append((started, time.monotonic() - started))
         time.sleep(0.002)
     conn.close()
+    out.put(latencies)
+
+
+def _redis_probe(
+    redis_url: str, stop: "multiprocessing.synchronize.Event", out: "multiprocessing.Queue[list[tuple[float, float]]]"
+) -> None:
+    """In its own process: PING the Redis in a loop (what any Redis call of
+    B's GET waits for when Redis itself is busy, e.g. storing an upload)."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    latencies: list[tuple[float, float]] = []
+    while not stop.is_set():
+        started = time.monotonic()
+        client.ping()
+        latencies.append((started, time.monotonic() - started))
+        time.sleep(0.002)
     out.put(latencies)
 
 
@@ -193,7 +227,21 @@ def upload(port: int, batch_id: str, body: bytes, key: str) -> int:
             return 0
 
 
-def latency_under_uploads(importer: str, redis_url: str, key_a: str, key_b: str, rounds: int = 3) -> dict[str, object]:
+def _percentiles(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples) or [0.0]
+    n = len(ordered)
+    return {
+        "n": n, "p50_ms": 1000 * ordered[n // 2], "p90_ms": 1000 * ordered[int(n * 0.9)],
+        "p99_ms": 1000 * ordered[min(n - 1, int(n * 0.99))], "max_ms": 1000 * ordered[-1],
+    }
+
+
+def latency_under_uploads(
+    importer: str, redis_url: str, key_a: str, key_b: str, body: bytes, *, rounds: int = 3, retry: bool = False
+) -> dict[str, object]:
+    """``retry``: each of A's uploads that gets 503 busy is sent again after
+    its Retry-After until it is accepted (sustained load: all 8 x rounds are
+    handled); else each is sent once (a burst: most get 503 at once)."""
     server = Server(importer, redis_url, 2, 4, {"owner-a": key_a, "owner-b": key_b})
     try:
         upload_statuses: list[int] = []
@@ -204,7 +252,14 @@ def latency_under_uploads(importer: str, redis_url: str, key_a: str, key_b: str,
         def owner_a(n: int) -> None:
             for r in range(rounds):
                 started = time.perf_counter()
-                status = upload(server.port, f"lat-{n}-{r}-{uuid.uuid4().hex[:6]}", SHAPES["commas"], key_a)
+                for _ in range(60):
+                    status = upload(server.port, f"lat-{n}-{r}-{uuid.uuid4().hex[:6]}", body, key_a)
+                    if not (retry and status in (0, 503)):
+                        break
+                    # 503 busy, or 0: the connection was reset before the
+                    # answer could be read (the server answered early and closed)
+                    upload_statuses.append(status)
+                    time.sleep(1.0)
                 upload_statuses.append(status)
                 upload_times.append(time.perf_counter() - started)
 
@@ -213,29 +268,37 @@ def latency_under_uploads(importer: str, redis_url: str, key_a: str, key_b: str,
         idle_proc.start()
         time.sleep(2.0)
         idle_stop.set()
-        idle = sorted(idle_out.get(timeout=30))
+        idle = sorted(t for _, t in idle_out.get(timeout=30))
         idle_proc.join()
         b = ctx.Process(target=_owner_b, args=(server.port, key_b, stop, out))
         b.start()
+        probe_out: "multiprocessing.Queue[list[tuple[float, float]]]" = ctx.Queue()
+        probe = ctx.Process(target=_redis_probe, args=(redis_url, stop, probe_out))
+        probe.start()
         time.sleep(1.0)
         started = time.perf_counter()
+        window_start = time.monotonic()
         uploaders = [threading.Thread(target=owner_a, args=(n,)) for n in range(8)]
         for t in uploaders:
             t.start()
         for t in uploaders:
             t.join()
+        window_end = time.monotonic()
         elapsed = time.perf_counter() - started
+        time.sleep(0.5)
         stop.set()
-        during = sorted(out.get(timeout=60))
+        samples = out.get(timeout=60)
         b.join()
+        pings = probe_out.get(timeout=60)
+        probe.join()
         rss = [status_kib(pid, "VmHWM") / 1024 for pid in server.workers()]
         return {
             "idle_p50_ms": 1000 * statistics.median(idle[10:] or idle),
-            "n": len(during),
-            "p50_ms": 1000 * during[len(during) // 2],
-            "p90_ms": 1000 * during[int(len(during) * 0.9)],
-            "p99_ms": 1000 * during[min(len(during) - 1, int(len(during) * 0.99))],
-            "max_ms": 1000 * during[-1],
+            # Only B's GETs that started while A's uploads were under way (the
+            # figures before 2026-11-30 also counted 1 s before them: "all").
+            **_percentiles([t for start, t in samples if window_start <= start <= window_end]),
+            "all": _percentiles([t for _, t in samples]),
+            "redis_ping": _percentiles([t for start, t in pings if window_start <= start <= window_end]),
             "uploads": {s: upload_statuses.count(s) for s in sorted(set(upload_statuses))},
             "upload_median_s": statistics.median(upload_times),
             "elapsed_s": elapsed,
@@ -249,7 +312,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--importer", default=str(ROOT / ".venv" / "bin" / "importer"))
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--compare", help="another importer (e.g. a checkout of main) run in turn with --importer, for before/after")
     parser.add_argument("--only", default="rss,latency")
+    parser.add_argument("--latency-shape", choices=sorted(LATENCY_SHAPES), default="commas")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--retry", action="store_true", help="A sends each upload refused 503 again after Retry-After until accepted")
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the server, e.g. IMPORTER_MAX_CONCURRENT_UPLOADS=1")
     args = parser.parse_args()
     Server.extra_env = dict(item.split("=", 1) for item in args.env)
@@ -264,19 +331,43 @@ def main() -> int:
         print(f"importer: {args.importer} {' '.join(args.env)}")
         if "rss" in args.only:
             print("peak RSS of the HTTP worker process (`importer serve`), one 10 MiB text/csv POST (MiB: idle -> peak (+over idle), 2 s later; status)")
-            for shape in SHAPES:
+            for shape, body in {**SHAPES, "valid (7 MiB)": valid_upload()}.items():
+                over, back = [], []
                 for _ in range(args.repeat):
-                    idle, peak, after, status = peak_rss(args.importer, redis_url, shape, key_a)
-                    print(f"  {shape:14s} {idle:6.1f} -> {peak:6.1f} (+{peak - idle:5.1f}), after {after:6.1f}; {status}")
+                    idle, peak, after, status = peak_rss(args.importer, redis_url, body, key_a)
+                    over.append(peak - idle)
+                    back.append(after - idle)
+                    print(f"  {shape:14s} {idle:6.1f} -> {peak:6.1f} (+{peak - idle:5.1f}), after {after:6.1f}; {status}", flush=True)
+                print(f"  {shape:14s} median over {len(over)}: peak +{statistics.median(over):.1f} MiB over idle, 2 s later +{statistics.median(back):.1f} MiB")
         if "latency" in args.only:
-            print("owner B GET latency while owner A sends 8 x 10 MiB at once (3 rounds), importer serve defaults")
+            body = LATENCY_SHAPES[args.latency_shape]()
+            print(
+                f"owner B GET latency while owner A sends 8 uploads of {len(body) / MIB:.1f} MiB ({args.latency_shape}) at once "
+                f"({args.rounds} rounds{', 503 retried after Retry-After' if args.retry else ''}), importer serve defaults"
+            )
+            importers = [args.importer] + ([args.compare] if args.compare else [])
+            p99s: dict[str, list[float]] = {name: [] for name in importers}
+            all_p99s: dict[str, list[float]] = {name: [] for name in importers}
             for _ in range(args.repeat):
-                fig = latency_under_uploads(args.importer, redis_url, key_a, key_b)
+                for importer in importers:  # interleaved: both see the same machine load
+                    load = os.getloadavg()[0]
+                    fig = latency_under_uploads(importer, redis_url, key_a, key_b, body, rounds=args.rounds, retry=args.retry)
+                    p99s[importer].append(fig["p99_ms"])  # type: ignore[arg-type]
+                    all_p99s[importer].append(fig["all"]["p99_ms"])  # type: ignore[index]
+                    print(
+                        f"  {'' if len(importers) == 1 else importer + ': '}load {load:.1f}; B idle p50 {fig['idle_p50_ms']:.2f} ms; "
+                        f"during A's uploads: n={fig['n']} p50 {fig['p50_ms']:.1f} ms, "
+                        f"p90 {fig['p90_ms']:.1f} ms, p99 {fig['p99_ms']:.1f} ms, max {fig['max_ms']:.1f} ms "
+                        f"(with the second before: n={fig['all']['n']} p99 {fig['all']['p99_ms']:.1f} ms); "  # type: ignore[index]
+                        f"Redis PING meanwhile p99 {fig['redis_ping']['p99_ms']:.1f} ms, max {fig['redis_ping']['max_ms']:.1f} ms; "  # type: ignore[index]
+                        f"A's uploads {fig['uploads']} (median {fig['upload_median_s']:.2f} s, all in {fig['elapsed_s']:.1f} s); "
+                        f"worker peaks {', '.join(f'{m:.0f}' for m in fig['worker_peak_mib'])} MiB", flush=True  # type: ignore[attr-defined]
+                    )
+            for importer in importers:
                 print(
-                    f"  B idle p50 {fig['idle_p50_ms']:.2f} ms; during: n={fig['n']} p50 {fig['p50_ms']:.1f} ms, "
-                    f"p90 {fig['p90_ms']:.1f} ms, p99 {fig['p99_ms']:.1f} ms, max {fig['max_ms']:.1f} ms; "
-                    f"A's uploads {fig['uploads']} (median {fig['upload_median_s']:.2f} s, all in {fig['elapsed_s']:.1f} s); "
-                    f"worker peaks {', '.join(f'{m:.0f}' for m in fig['worker_peak_mib'])} MiB"
+                    f"  {importer}: median over {len(p99s[importer])} runs: p99 during {statistics.median(p99s[importer]):.1f} ms "
+                    f"(runs: {', '.join(f'{v:.0f}' for v in p99s[importer])}), "
+                    f"p99 with the second before {statistics.median(all_p99s[importer]):.1f} ms"
                 )
     finally:
         if embedded is not None:

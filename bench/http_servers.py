@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
@@ -40,9 +41,10 @@ sys.path.insert(0, str(ROOT))
 
 from importer.handlers.auth import hash_key  # noqa: E402
 
-from bench.run import parse_wrk  # noqa: E402
+from bench.http_load import parse_wrk  # noqa: E402
 
 API_KEY = "imp_bench_" + "k" * 32
+OTHER_KEY = "imp_other_" + "o" * 32
 
 
 def free_port() -> int:
@@ -78,7 +80,7 @@ def start(kind: str, app: str, env: dict[str, str], port: int) -> subprocess.Pop
         argv = [str(BIN / "granian"), "--interface", "wsgi", "--workers", "2", "--blocking-threads", "4",
                 "--port", str(port), "--log-level", "warning", "--factory", "importer.adapters.http_server:wsgi_app"]
     else:
-        argv = [str(BIN / "importer"), "serve", "--bind", f"127.0.0.1:{port}", "--workers", "2", "--threads", "4"]
+        argv = [os.environ.get("BENCH_IMPORTER", str(BIN / "importer")), "serve", "--bind", f"127.0.0.1:{port}", "--workers", "2", "--threads", "4"]
         if not kind.endswith("-plain"):  # "-plain": a checkout whose serve has no --server (gunicorn)
             argv += ["--server", kind]
     log = open(tempfile.gettempdir() + f"/http-servers-{kind}-{app}.log", "wb")
@@ -139,24 +141,37 @@ def slow_clients(port: int, n: int, mode: str, stop_evt: threading.Event) -> lis
 
 
 def health_latency(port: int, seconds: float) -> dict[str, float]:
-    times: list[float] = []
-    failures = 0
+    """/health and another owner's GET /api/imports/{id}, in turn, one every 50 ms."""
+    times: dict[str, list[float]] = {"health": [], "get": []}
+    failures = {"health": 0, "get": 0}
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        t0 = time.perf_counter()
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                r.read()
-            times.append((time.perf_counter() - t0) * 1000)
-        except Exception:
-            failures += 1
-            times.append(5000.0)
-        time.sleep(0.05)
-    times.sort()
-    return {
-        "n": len(times), "failures": failures, "p50_ms": statistics.median(times),
-        "p99_ms": times[min(len(times) - 1, int(len(times) * 0.99))], "max_ms": times[-1],
-    }
+        for name, request in (
+            ("health", urllib.request.Request(f"http://127.0.0.1:{port}/health")),
+            ("get", urllib.request.Request(f"http://127.0.0.1:{port}/api/imports/shipment-nope",
+                                           headers={"Authorization": f"Bearer {OTHER_KEY}"})),
+        ):
+            t0 = time.perf_counter()
+            try:
+                with urllib.request.urlopen(request, timeout=5) as r:
+                    r.read()
+            except urllib.error.HTTPError as err:
+                err.read()  # the 404 is the answer
+            except Exception:
+                failures[name] += 1
+                times[name].append(5000.0)
+                continue
+            times[name].append((time.perf_counter() - t0) * 1000)
+            time.sleep(0.025)
+    out: dict[str, float] = {}
+    for name, values in times.items():
+        values.sort()
+        prefix = "" if name == "health" else "get_"
+        out.update({
+            f"{prefix}n": len(values), f"{prefix}failures": failures[name], f"{prefix}p50_ms": statistics.median(values),
+            f"{prefix}p99_ms": values[min(len(values) - 1, int(len(values) * 0.99))], f"{prefix}max_ms": values[-1],
+        })
+    return out
 
 
 def main() -> int:
@@ -179,7 +194,7 @@ def main() -> int:
     base = dict(os.environ)
     env = dict(
         base, IMPORTER_REDIS_URL=f"redis://127.0.0.1:{rport}/0", IMPORTER_KEY_PREFIX="{bench}:", IMPORTER_RATE_LIMIT="0",
-        IMPORTER_API_KEYS=f"bench:{hash_key(API_KEY)}", IMPORTER_HTTP_DRAIN_DELAY="0",
+        IMPORTER_API_KEYS=f"bench:{hash_key(API_KEY)},other:{hash_key(OTHER_KEY)}", IMPORTER_HTTP_DRAIN_DELAY="0",
         IMPORTER_KEEP_COMPLETED_COUNT="10000000",
     )
     results: list[dict[str, object]] = []

@@ -51,10 +51,11 @@ EXPLANATIONS: dict[str, tuple[str, str]] = {
     "receipt.not_recorded": ("No receipt for this shipment", "This batch was applied before this service recorded receipts, so what it changed per SKU was not kept. GET /api/shipments/{batchId} says when it was applied."),
     "request.not_acceptable": ("Media type not available", "Send 'Accept: application/json' (the default) or 'Accept: text/csv'."),
     "response.too_large": ("Answer too large for this deployment", "This answer is larger than this deployment (serverless) can send at once. Read it from a server deployment (importer serve), which streams it."),
-    "service.busy": ("Server busy", "This server holds as many live event streams, or reads as many large uploads, as it takes at once. Retry after the seconds in Retry-After (an event stream: or poll GET /api/imports/{jobId})."),
+    "service.busy": ("Server busy", "This server holds as many live event streams, or reads as many request bodies or large uploads, as it takes at once. Retry after the seconds in Retry-After (an event stream: or poll GET /api/imports/{jobId})."),
     "request.stream_unsupported": ("Live streams not supported here", "This deployment cannot hold a live stream open. Poll GET /api/imports/{jobId} instead."),
     "service.unavailable": ("Service unavailable", "The service cannot reach its store or is shutting down. Retry later."),
     "request.incomplete": ("Body is incomplete", "The connection ended before the whole body arrived (fewer bytes than Content-Length, or a chunked body without its last chunk). Nothing was recorded: send the whole request again."),
+    "request.timeout": ("Body too slow", "The body did not arrive within the server's time for reading one (IMPORTER_HTTP_BODY_TIMEOUT). Nothing was recorded: send the whole request again, faster, or through a proxy that buffers uploads."),
     "internal": ("Internal error", "Something went wrong on our side. Retry later; when you report it, quote the requestId of this answer (it is on every log line of the request)."),
 }
 

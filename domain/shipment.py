@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from bisect import bisect_right
 from collections.abc import Iterator
 from itertools import chain
 from dataclasses import dataclass
@@ -96,8 +97,10 @@ def content_sha256(rows: tuple[Row, ...] | list[Row]) -> str:
 # One row in its plain form: a SKU, a comma, a quantity from 1 to MAX_QUANTITY
 # without leading zeros. The header "sku,quantity" is checked apart.
 _PLAIN_ROWS = re.compile(rb"(?:[A-Za-z0-9][A-Za-z0-9._-]{0,63},(?:[1-9][0-9]{0,5}|1000000)\n)*")
-# In sorted plain rows, a SKU repeated: a line and the next start with the same "SKU,".
-_REPEATED_SKU = re.compile(rb"^([^,\n]*,)[^\n]*\n\1", re.M)
+# In sorted plain rows, a SKU repeated: a line and the next start with the same
+# "SKU,". Anchored on a newline (a literal), so the search jumps from line to
+# line instead of trying every byte; the first line is compared apart.
+_REPEATED_SKU = re.compile(rb"\n([^,\n]*,)[^\n]*\n\1")
 _BLANK_LINES = re.compile(rb"\n\n+")
 _PLAIN_HEADER = b"sku,quantity\n"
 
@@ -131,20 +134,94 @@ def _plain_content_sha256(data: bytes, max_rows: int) -> str | None:
     if not data.startswith(_PLAIN_HEADER) or len(data) == len(_PLAIN_HEADER):
         return None
     if not data.endswith(b"\n"):
-        data += b"\n"
+        data += b"\n"  # copies: only files without a final newline pay it
     rows = data.count(b"\n") - 1
-    if rows > max_rows or _PLAIN_ROWS.fullmatch(data, len(_PLAIN_HEADER)) is None:
+    if rows > max_rows:
         return None
-    lines = data.split(b"\n")
+    lines: list[bytes] = []
+    for start, end in _blocks(data, len(_PLAIN_HEADER)):
+        if _PLAIN_ROWS.fullmatch(data, start, end) is None:
+            return None
+        lines += data[start:end - 1].split(b"\n")
     del data
-    lines.pop()  # after the last newline
-    lines[0] = lines.pop()  # drop the header without shifting the list
-    lines.sort()
-    lines.append(b"")
-    canonical = b"\n".join(lines)
-    if _REPEATED_SKU.search(canonical) is not None:
-        return None  # a duplicate SKU: invalid, the full parse reports it
-    return hashlib.sha256(canonical).hexdigest()
+    lines = _sorted_in_steps(lines)
+    # The canonical form, hashed a step at a time (a duplicate SKU, in the
+    # sorted lines, is a line and the next starting with the same "SKU,";
+    # each step's text begins with the previous step's last line).
+    digest = hashlib.sha256()
+    previous = b""
+    for start in range(0, len(lines), _STEP_LINES):
+        piece = b"\n".join(lines[start:start + _STEP_LINES]) + b"\n"
+        if _REPEATED_SKU.search(b"\n" + previous + piece) is not None:
+            return None  # a duplicate SKU: invalid, the full parse reports it
+        digest.update(piece)
+        previous = lines[min(len(lines), start + _STEP_LINES) - 1] + b"\n"
+    return digest.hexdigest()
+
+
+#: The plain path works in steps of about this many bytes or lines: each
+#: step is one C call that holds the GIL (a 10 MiB regex match or sort in one
+#: call held it for 50-150 ms, and every other request of the process waited).
+_STEP_BYTES = 256 * 1024
+_STEP_LINES = 4096
+
+
+def _blocks(data: bytes, start: int) -> Iterator[tuple[int, int]]:
+    """(start, end) of about _STEP_BYTES each, every end just after a newline
+    (``data`` ends with one)."""
+    while start < len(data):
+        end = data.find(b"\n", min(start + _STEP_BYTES, len(data) - 1)) + 1
+        yield start, end
+        start = end
+
+
+def _sorted_in_steps(items: list[bytes]) -> list[bytes]:
+    """``sorted(items)``, in calls of a few milliseconds each: blocks of
+    _STEP_LINES sorted, then merged two by two, each merge in steps."""
+    runs = [sorted(items[i:i + _STEP_LINES]) for i in range(0, len(items), _STEP_LINES)]
+    while len(runs) > 1:
+        merged = [_merged_in_steps(left, right) for left, right in zip(runs[0::2], runs[1::2])]
+        if len(runs) % 2:
+            merged.append(runs[-1])
+        runs = merged
+    return runs[0] if runs else []
+
+
+def _merged_in_steps(left: list[bytes], right: list[bytes]) -> list[bytes]:
+    """Two sorted lists merged, at most _STEP_LINES of each per step: the next
+    lines of one and those of the other that sort before the last of them,
+    sorted together (two sorted runs laid end to end: one linear merge)."""
+    out: list[bytes] = []
+    i = j = 0
+    while i < len(left) and j < len(right):
+        i_end = min(i + _STEP_LINES, len(left))
+        j_limit = min(j + _STEP_LINES, len(right))
+        j_end = bisect_right(right, left[i_end - 1], j, j_limit)
+        if j_end == j_limit < len(right):
+            # right's step ends below left's: cut left at right's last line instead
+            i_end = bisect_right(left, right[j_end - 1], i, i_end)
+        step = left[i:i_end] + right[j:j_end]
+        step.sort()
+        out += step
+        i, j = i_end, j_end
+    out += left[i:]
+    out += right[j:]
+    return out
+
+
+def could_be_valid(data: bytes, max_rows: int) -> bool:
+    """False when the file cannot be valid, decided by counting two bytes
+    (fast, whatever the file's shape; no copy, no parse).
+
+    In a valid file every comma is on its own line: the header and each row
+    have exactly one comma (a line with more is a bad header or a bad row;
+    quotes cannot hide one), blank lines have none, and there are 1 to
+    ``max_rows`` rows. So its commas number 2 to ``max_rows`` + 1 and at
+    most its lines. (No multi-byte UTF-8 sequence holds the byte of ``,``.)
+    A file of commas, of blank lines or one long line fails this at once.
+    """
+    commas = data.count(b",")
+    return 2 <= commas <= max_rows + 1 and commas <= data.count(b"\n") + 1
 
 
 def content_key(data: bytes, max_rows: int = DEFAULT_MAX_ROWS) -> str:
@@ -155,6 +232,8 @@ def content_key(data: bytes, max_rows: int = DEFAULT_MAX_ROWS) -> str:
     usual case) is hashed without being parsed into rows; the result is the
     same as the full parse's (a property test checks it).
     """
+    if not could_be_valid(data, max_rows):
+        return "bytes:" + hashlib.sha256(data).hexdigest()
     plain = _plain_content_sha256(data, max_rows)
     if plain is not None:
         return plain

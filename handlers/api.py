@@ -102,6 +102,11 @@ class Api:
     event_streams: EventStreams = field(default_factory=EventStreams)
     #: Large uploads (over 1 MiB) one process reads at once; more get 503 service.busy (0 = no bound).
     max_concurrent_uploads: int = 1
+    #: Request bodies one process reads at once (each until it arrived, or its
+    #: deadline and the client left); one more gets 503 service.busy (0 = no bound).
+    max_body_reads: int = 2
+    #: Seconds a request body may take to arrive whole; then 408 request.timeout.
+    body_timeout_s: float = 60.0
     #: Called after a large upload was handled, its buffers freed (returns free heap memory to the OS).
     release_memory: Callable[[], None] = lambda: None
     #: The contract version this process's messages carry (IMPORTER_PRODUCER_VERSION), for /health.

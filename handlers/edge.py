@@ -8,12 +8,14 @@ In this order, for each request:
 2. a declared body over the limit: ``413`` (nothing read);
 3. route and API key (``404``/``405``/``401``), before any body byte is read;
 4. only for a route that takes a body (POST): its cheap checks (the owner's
-   rate limit: ``429``), still before any body byte is read; a large upload takes one of the
-   process's upload slots or gets ``503 service.busy``; then the body is read,
-   whole or refused: ``413 request.too_large`` past the limit,
-   ``400 request.incomplete`` when the connection ended early (fewer bytes than
-   Content-Length, a chunked body cut before its last chunk): a partial body
-   never reaches a handler;
+   rate limit: ``429``), still before any body byte is read; the body read
+   takes one of the process's body-read slots (so slow bodies never hold
+   every thread) and a large upload one of its upload slots, or gets ``503
+   service.busy``; then the body is read, whole or refused: ``413
+   request.too_large`` past the limit, ``400 request.incomplete`` when the
+   connection ended early (fewer bytes than Content-Length, a chunked body cut
+   before its last chunk), ``408 request.timeout`` when it did not arrive
+   within the body timeout: a partial body never reaches a handler;
 5. the handler (routes.call);
 6. the common answer headers (``Cache-Control: no-store``,
    ``X-Content-Type-Options: nosniff``); a HEAD answer carries no body.
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Protocol
@@ -56,6 +59,10 @@ class BodyIncomplete(Exception):
     """The connection ended before the whole body arrived."""
 
 
+class BodyTimeout(Exception):
+    """The body did not arrive before its deadline."""
+
+
 class UploadsBusy(Exception):
     """Every upload slot of this process is taken."""
 
@@ -64,10 +71,14 @@ class Body(Protocol):
     #: The Content-Length the client declared (None: not declared, e.g. chunked).
     declared: int | None
 
-    def read(self, limit: int, on_large: Callable[[], None]) -> bytes:
-        """The whole body. Raises BodyTooLarge past ``limit`` and BodyIncomplete
-        when it ended early; calls ``on_large`` (which may raise UploadsBusy)
-        once the body is known to exceed LARGE_UPLOAD_BYTES, before reading on."""
+    def read(self, limit: int, on_large: Callable[[], None], deadline: float, done: Callable[[], None]) -> bytes:
+        """The whole body. Raises BodyTooLarge past ``limit``, BodyIncomplete
+        when it ended early and BodyTimeout when it is not whole at ``deadline``
+        (time.monotonic()); calls ``on_large`` (which may raise UploadsBusy)
+        once the body is known to exceed LARGE_UPLOAD_BYTES, before reading on.
+        Calls ``done`` once, when no thread reads the body any more: before it
+        returns or raises, or later, from a read it had to leave behind at the
+        deadline (the server's read cannot be interrupted)."""
         ...
 
 
@@ -78,7 +89,8 @@ class MemoryBody:
         self.data = data
         self.declared = declared
 
-    def read(self, limit: int, on_large: Callable[[], None]) -> bytes:
+    def read(self, limit: int, on_large: Callable[[], None], deadline: float, done: Callable[[], None]) -> bytes:
+        done()  # nothing to wait for: the body is in memory
         if len(self.data) > limit:
             raise BodyTooLarge()
         if self.declared is not None and self.declared != len(self.data):
@@ -89,31 +101,45 @@ class MemoryBody:
 
 
 class UploadSlots:
-    """How many large uploads one process reads and handles at once.
+    """How many large uploads (or, as ``read_slots``, request bodies) one
+    process reads and handles at once.
 
     A large body costs memory and CPU for as long as it is read, hashed and
-    stored; beyond ``size`` at once an extra one is refused at once (``503
-    service.busy`` with Retry-After) so small requests keep being served.
-    ``size`` 0 = no bound."""
+    stored; a slow body holds a thread while it trickles. Beyond ``size`` at
+    once an extra one is refused (``503 service.busy`` with Retry-After) so
+    small requests keep being served. ``size`` 0 = no bound."""
 
     def __init__(self, size: int) -> None:
         self._semaphore = threading.BoundedSemaphore(size) if size > 0 else None
 
-    def take(self) -> bool:
-        return self._semaphore is None or self._semaphore.acquire(blocking=False)
+    def take(self, wait: float = 0.0) -> bool:
+        """A slot; waits at most ``wait`` seconds for one (0: refused at once)."""
+        if self._semaphore is None:
+            return True
+        return self._semaphore.acquire(timeout=wait) if wait > 0 else self._semaphore.acquire(blocking=False)
 
     def give_back(self) -> None:
         if self._semaphore is not None:
             self._semaphore.release()
 
 
-def handle(api: Api, keys: KeyRing, head: Request, body: Body, *, limit: int, slots: UploadSlots) -> Response:
-    """Answer one request; ``head`` is the request without its body (not read yet)."""
+#: Seconds a POST waits for a body-read slot: long enough for the reads of
+#: fast bodies (microseconds each) to make room, short enough that requests
+#: refused while slow bodies hold every slot do not hold threads themselves.
+READ_SLOT_WAIT_S = 0.05
+
+
+def handle(
+    api: Api, keys: KeyRing, head: Request, body: Body, *, limit: int, slots: UploadSlots,
+    read_slots: UploadSlots | None = None,
+) -> Response:
+    """Answer one request; ``head`` is the request without its body (not read yet).
+    ``slots``: large uploads at once; ``read_slots``: body reads at once."""
     request_id = request_id_from(head.headers)
     token = request_id_var.set(request_id)
     try:
         try:
-            response = _handle(api, keys, head, body, limit, slots)
+            response = _handle(api, keys, head, body, limit, slots, read_slots or UploadSlots(0))
         except Exception:
             log.exception("unhandled error", extra={"event": "http.internal_error"})
             response = internal_error()
@@ -122,7 +148,9 @@ def handle(api: Api, keys: KeyRing, head: Request, body: Body, *, limit: int, sl
         request_id_var.reset(token)
 
 
-def _handle(api: Api, keys: KeyRing, head: Request, body: Body, limit: int, slots: UploadSlots) -> Response:
+def _handle(
+    api: Api, keys: KeyRing, head: Request, body: Body, limit: int, slots: UploadSlots, read_slots: UploadSlots
+) -> Response:
     if body.declared is not None and body.declared > limit:
         return problem("request.too_large")
     resolved = resolve(keys, head)
@@ -134,6 +162,9 @@ def _handle(api: Api, keys: KeyRing, head: Request, body: Body, limit: int, slot
     refused = before_body(api, route, req)  # the owner's rate limit
     if refused is not None:
         return refused
+    if not read_slots.take(READ_SLOT_WAIT_S):
+        log.warning("body-read slots busy", extra={"event": "http.body_reads_busy"})
+        return problem("service.busy", instance=req.path, headers=(("Retry-After", "1"),))
     taken = False
 
     def on_large() -> None:
@@ -144,16 +175,21 @@ def _handle(api: Api, keys: KeyRing, head: Request, body: Body, limit: int, slot
             taken = True
 
     try:
-        return _read_and_call(api, route, req, body, limit, on_large)
+        return _read_and_call(api, route, req, body, limit, on_large, read_slots.give_back)
     finally:
         if taken:
             slots.give_back()
             api.release_memory()  # the upload's buffers are freed by now: give them back to the OS
 
 
-def _read_and_call(api: Api, route: Route, req: Request, body: Body, limit: int, on_large: Callable[[], None]) -> Response:
+def _read_and_call(
+    api: Api, route: Route, req: Request, body: Body, limit: int, on_large: Callable[[], None], done: Callable[[], None]
+) -> Response:
     try:
-        data = body.read(limit, on_large)
+        data = body.read(limit, on_large, time.monotonic() + api.body_timeout_s, done)
+    except BodyTimeout:
+        log.warning("body too slow", extra={"event": "http.body_timeout", "timeout_s": api.body_timeout_s})
+        return problem("request.timeout", instance=req.path)
     except BodyTooLarge:
         return problem("request.too_large", instance=req.path)
     except BodyIncomplete as err:

@@ -61,6 +61,45 @@ def error_responses(route: Route) -> dict[str, Any]:
     return out
 
 
+#: On every answer (handlers/edge.py finish()); in the document on every response.
+REQUEST_ID_HEADER: dict[str, Any] = {
+    "description": (
+        "This request's id: the X-Request-Id the client sent when it is 1-128 characters of "
+        "A-Z a-z 0-9 . _ : - (starting with a letter or digit), else a new one. Every log line "
+        "of the request carries it, and a 500 answer names it."
+    ),
+    "required": True,
+    "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"},
+}
+_REQUEST_ID_REF = {"$ref": "#/components/headers/X-Request-Id"}
+
+
+def _with_request_id(responses: dict[str, Any]) -> dict[str, Any]:
+    """Every response documents the X-Request-Id header."""
+    out = {}
+    for status, response in responses.items():
+        response = dict(response)
+        response["headers"] = {**response.get("headers", {}), "X-Request-Id": _REQUEST_ID_REF}
+        out[status] = response
+    return out
+
+
+def head_operation(get: dict[str, Any], template: str) -> dict[str, Any]:
+    """HEAD on a GET route: the GET's answer (status, headers) without a body."""
+    head = {key: copy.deepcopy(value) for key, value in get.items() if key not in ("description", "responses", "operationId")}
+    head["operationId"] = get["operationId"] + "Head"
+    head["summary"] = f"{get['summary']} (headers only)"
+    head["description"] = (
+        f"Answered like GET {template}, without a body: the same status and headers, and the "
+        "Content-Length the GET body would have (none for a stream)."
+    )
+    head["responses"] = {
+        status: {key: value for key, value in response.items() if key != "content"}
+        for status, response in get["responses"].items()
+    }
+    return head
+
+
 def build_spec() -> APISpec:
     spec = APISpec(
         title="Importer",
@@ -86,11 +125,15 @@ def build_spec() -> APISpec:
     )
     for name, schema in _SCHEMAS.items():
         spec.components.schema(name, schema=schema)
+    spec.components.header("X-Request-Id", REQUEST_ID_HEADER)
     paths: dict[str, dict[str, dict]] = {}
     for route in ROUTES:
         operation = copy.deepcopy(route.operation)
-        operation["responses"] = dict(sorted({**operation["responses"], **error_responses(route)}.items()))
+        responses = {**operation["responses"], **error_responses(route)}
+        operation["responses"] = _with_request_id(dict(sorted(responses.items())))
         paths.setdefault(route.template, {})[route.method.lower()] = operation
+        if route.method == "GET":
+            paths[route.template]["head"] = head_operation(operation, route.template)
     for template, operations in paths.items():
         spec.path(path=template, operations=operations)
     return spec

@@ -25,6 +25,7 @@ HTTP_STATUS: dict[str, int] = {
     "rejections.not_found": 404,
     "request.method_not_allowed": 405,
     "request.not_acceptable": 406,
+    "request.timeout": 408,
     "batch.conflict": 409,
     "request.too_large": 413,
     "request.unsupported_media_type": 415,

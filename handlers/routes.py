@@ -78,7 +78,7 @@ ROUTES: tuple[Route, ...] = (
     }, errors=(
         "request.bad_json", "request.incomplete", *_API_ERRORS, "batch.conflict", "request.too_large",
         "request.unsupported_media_type", "request.invalid", "request.rate_limited", "service.busy",
-        "contract.no_worker",
+        "contract.no_worker", "request.timeout",
     ), error_notes={
         "batch.conflict": (
             "The batchId is already bound to other content or another producer; the answer is the same "

@@ -3,19 +3,26 @@
 Works under any WSGI server (gunicorn by default, see ``importer serve``).
 The body is read only after the route and the API key passed (handlers/edge.py),
 at most up to the limit (a larger Content-Length is refused with 413 before a
-byte of the body is read), and only whole: a short or cut body is refused.
+byte of the body is read), only whole: a short or cut body is refused, and
+only until its deadline (IMPORTER_HTTP_BODY_TIMEOUT): a body that trickles
+gets 408 request.timeout.
 """
 
 from __future__ import annotations
 
+import io
 import logging
+import socket
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qsl
 
 from importer.handlers.api import Api
 from importer.handlers.auth import KeyRing
-from importer.handlers.edge import LARGE_UPLOAD_BYTES, BodyIncomplete, BodyTooLarge, UploadSlots, finish, handle
+from importer.handlers.edge import (
+    LARGE_UPLOAD_BYTES, BodyIncomplete, BodyTimeout, BodyTooLarge, UploadSlots, finish, handle,
+)
 from importer.handlers.http import Request, Response, internal_error, request_id_from
 
 StartResponse = Callable[..., Any]
@@ -49,6 +56,18 @@ class WsgiBody:
     (gunicorn raises NoMoreData / ChunkMissingTerminator on a cut chunked
     body) or an empty chunked body (granian's answer to a cut one) is
     BodyIncomplete. waitress never calls the app with an incomplete body.
+
+    The deadline, per server: gunicorn's socket (``gunicorn.socket``) gets a
+    timeout for each read, and its read side is shut after a timeout (so
+    gunicorn does not wait for the rest of the body either); waitress has
+    read the whole body before it calls the app; any other server (granian)
+    offers no read timeout and its read cannot be interrupted: the deadline
+    is checked after each read, so a body that trickles holds its thread
+    (and its body-read slot, handlers/edge.py, which bounds how many threads
+    such bodies hold) until it ends or the client goes, and is then refused.
+    (Reading in a helper thread that the request stops waiting for enforced
+    the deadline, but cost a third of the POST throughput under granian:
+    bench/EDGE_RESULTS.md.)
     """
 
     def __init__(self, environ: dict[str, Any]) -> None:
@@ -56,14 +75,66 @@ class WsgiBody:
         length_text = (environ.get("CONTENT_LENGTH") or "").strip()
         self.declared: int | None = int(length_text) if length_text.isdigit() else None
         self.chunked = "chunked" in str(environ.get("HTTP_TRANSFER_ENCODING", "")).lower()
+        self.socket: socket.socket | None = environ.get("gunicorn.socket")
+        self.buffered = str(environ.get("SERVER_SOFTWARE", "")).lower().startswith("waitress")
+        self.deadline = float("inf")
+        self.started = False
+
+    def left_unread(self) -> None:
+        """After an answer given without reading a body the client declared
+        (401, 429, 503...): under gunicorn, shut the socket's read side, so
+        that gunicorn does not read (drain) that body for keep-alive on one of
+        its threads, with no deadline; the connection closes after the answer."""
+        if self.started or self.socket is None or not (self.declared or self.chunked):
+            return
+        try:
+            self.socket.shutdown(socket.SHUT_RD)
+        except OSError:
+            pass
 
     def _chunk(self, size: int) -> bytes:
+        if self.socket is not None:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                raise BodyTimeout()
+            self.socket.settimeout(min(remaining, 3600.0))
         try:
-            return self.stream.read(size)  # type: ignore[union-attr,no-any-return]
+            chunk = self.stream.read(size)  # type: ignore[union-attr]
         except Exception as err:  # the server's own error on a broken body (gunicorn: NoMoreData, ...)
+            if isinstance(err, TimeoutError) or time.monotonic() >= self.deadline:
+                raise BodyTimeout() from None
             raise BodyIncomplete(type(err).__name__) from None
+        if time.monotonic() > self.deadline:
+            raise BodyTimeout()
+        return chunk  # type: ignore[no-any-return]
 
-    def read(self, limit: int, on_large: Callable[[], None]) -> bytes:
+    def read(self, limit: int, on_large: Callable[[], None], deadline: float, done: Callable[[], None]) -> bytes:
+        self.deadline = deadline
+        self.started = True
+        try:
+            return self._read_here(limit, on_large)
+        finally:
+            done()
+
+    def _read_here(self, limit: int, on_large: Callable[[], None]) -> bytes:
+        timeout = self.socket.gettimeout() if self.socket is not None else None
+        try:
+            return self._read(limit, on_large)
+        except BodyTimeout:
+            if self.socket is not None:
+                try:
+                    self.socket.shutdown(socket.SHUT_RD)  # gunicorn reads no more of this body
+                except OSError:
+                    pass
+            raise
+        finally:
+            if self.socket is not None:
+                try:
+                    self.socket.settimeout(timeout)
+                except OSError:
+                    pass
+
+    def _read(self, limit: int, on_large: Callable[[], None]) -> bytes:
         if self.stream is None:
             if self.declared:
                 raise BodyIncomplete("no wsgi.input")
@@ -79,41 +150,41 @@ class WsgiBody:
             return b""
         if length > LARGE_UPLOAD_BYTES:
             on_large()
-        # One buffer of the declared size, filled in place: the read costs the
-        # body once (plus the final copy to bytes), whatever its shape.
-        buffer = bytearray(length)
-        view = memoryview(buffer)
+        # Written into one growing buffer whose bytes are handed over without a
+        # copy (BytesIO.getvalue() shares its buffer; growing a block of 1 MiB
+        # or more is an mremap): the read costs the body once, plus one chunk.
+        buffer = io.BytesIO()
         filled = 0
-        try:
-            while filled < length:
-                chunk = self._chunk(min(_CHUNK, length - filled))
-                if not chunk:
-                    raise BodyIncomplete(f"{filled} of {length} declared bytes")
+        while filled < length:
+            chunk = self._chunk(min(_CHUNK, length - filled))
+            if not chunk:
+                raise BodyIncomplete(f"{filled} of {length} declared bytes")
+            if len(chunk) > length - filled:
                 chunk = chunk[: length - filled]
-                view[filled:filled + len(chunk)] = chunk
-                filled += len(chunk)
-        finally:
-            view.release()
-        return bytes(buffer)
+            buffer.write(chunk)
+            filled += len(chunk)
+            del chunk
+        return buffer.getvalue()
 
     def _read_to_end(self, limit: int, on_large: Callable[[], None]) -> bytes:
         """No Content-Length (chunked): read until the server says the body ended."""
-        parts: list[bytes] = []
+        buffer = io.BytesIO()
         size = 0
         while True:
             chunk = self._chunk(_CHUNK)
             if not chunk:
-                if self.chunked and not parts:
+                if self.chunked and not size:
                     # granian hands over a cut chunked body as an empty one;
                     # an empty chunked upload is no upload either.
                     raise BodyIncomplete("empty chunked body")
-                return b"".join(parts)
+                return buffer.getvalue()
             size += len(chunk)
             if size > limit:
                 raise BodyTooLarge()
             if size > LARGE_UPLOAD_BYTES:
                 on_large()
-            parts.append(chunk)
+            buffer.write(chunk)
+            del chunk
 
 
 def request_from_environ(environ: dict[str, Any], body: bytes) -> Request:
@@ -135,6 +206,7 @@ def create_app(api: Api, keys: KeyRing) -> WsgiApp:
     """The WSGI application around the handlers; all dependencies injected."""
     limit = body_limit(api)
     slots = UploadSlots(api.max_concurrent_uploads)
+    read_slots = UploadSlots(api.max_body_reads)
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         try:
@@ -143,7 +215,9 @@ def create_app(api: Api, keys: KeyRing) -> WsgiApp:
             log.exception("unreadable environ", extra={"event": "http.internal_error"})
             head = Request(method="GET", path="/", headers={})
             return _respond(finish(head.method, internal_error(), request_id_from({})), start_response)
-        response = handle(api, keys, head, WsgiBody(environ), limit=limit, slots=slots)
+        body = WsgiBody(environ)
+        response = handle(api, keys, head, body, limit=limit, slots=slots, read_slots=read_slots)
+        body.left_unread()
         return _respond(response, start_response)
 
     return app

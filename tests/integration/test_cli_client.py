@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -48,3 +49,26 @@ def test_refusals_and_missing_jobs_exit_non_zero(system: System) -> None:
     assert conflict.returncode == 1 and "409 batch.conflict" in conflict.stderr
     missing = importer(system, "status", "shipment-nope")
     assert missing.returncode == 1 and "404 job.not_found" in missing.stderr
+
+
+@pytest.mark.parametrize("server", ["granian", "gunicorn"])
+def test_submit_of_a_large_file_hears_an_early_refusal(make_system: object, server: str, tmp_path: Path) -> None:
+    """The server refuses a wrong key before it reads the body and closes; the
+    CLI (Expect: 100-continue, stops sending on an early answer) prints the
+    401 problem instead of a connection reset. So do 503 busy and 429."""
+    s = make_system(IMPORTER_RATE_LIMIT="1", IMPORTER_RATE_WINDOW="60")  # type: ignore[operator]
+    s.start_http(server=server)
+    big = tmp_path / "big.csv"
+    big.write_bytes(b"sku,quantity\n" + b"".join(b"BIG-%06d,1\n" % n for n in range(400_000)))  # 5 MiB
+    assert big.stat().st_size > 4 * 1024 * 1024
+    wrong = {**s.env, "IMPORTER_API_KEY": "imp_wrong", "IMPORTER_URL": s.base_url}
+    out = subprocess.run(
+        [sys.executable, "-m", "importer.adapters.cli", "submit", str(big), "--batch-id", "big-1"],
+        env=wrong, cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.stderr.startswith("refused: 401 auth.required: "), out.stderr
+    # The owner's one POST of the window is used by a small file; the large one gets its 429.
+    assert importer(s, "submit", str(FIXTURES / "shipment-a-2026.csv"), "--batch-id", "big-0").returncode == 0
+    limited = importer(s, "submit", str(big), "--batch-id", "big-2")
+    assert limited.returncode == 1 and limited.stderr.startswith("refused: 429 request.rate_limited: "), limited.stderr

@@ -231,3 +231,46 @@ def test_waitress_through_the_factory_refuses_bodies_over_the_limit(make_system:
     for line in http.log().splitlines():
         if line.strip():
             assert isinstance(json.loads(line), dict), line
+
+
+@pytest.mark.parametrize("server", ["granian", "gunicorn"])
+def test_a_body_that_trickles_gets_408_and_slow_bodies_never_hold_every_thread(make_system: object, server: str) -> None:
+    """With a valid key (the body is read): a body not whole within
+    IMPORTER_HTTP_BODY_TIMEOUT gets 408 request.timeout and nothing is
+    recorded (gunicorn: at the deadline, its socket times out; granian, whose
+    read cannot be interrupted: when the read returns, here when the rest
+    arrives late); while IMPORTER_MAX_BODY_READS slow bodies are being read,
+    one more POST gets 503 service.busy at once and GETs are served."""
+    s = make_system(IMPORTER_HTTP_BODY_TIMEOUT="1.5", IMPORTER_MAX_BODY_READS="1", IMPORTER_RATE_LIMIT="0")  # type: ignore[operator]
+    s.start_http(server=server, workers=1)
+    declared = len(FULL)
+    slow = socket.create_connection(("127.0.0.1", _port(s)), timeout=30)
+    try:
+        slow.sendall(_head(s, "slow-1", f"Content-Length: {declared}\r\n") + FULL[:10])
+        time.sleep(0.3)  # the slow body holds the one body-read slot
+        busy = socket.create_connection(("127.0.0.1", _port(s)), timeout=30)
+        with busy:
+            busy.sendall(_head(s, "busy-1", f"Content-Length: {declared}\r\n"))
+            answer = _answer(busy, timeout=10)
+        assert answer.startswith(b"HTTP/1.1 503"), answer[:300]
+        assert b'"code":"service.busy"' in answer
+        started = time.monotonic()
+        assert s.request("GET", "/health")[0] == 200
+        assert s.request("GET", "/api/imports/shipment-nope", key=s.other_key)[0] == 404
+        assert time.monotonic() - started < 1
+        for n in range(3):  # a byte now and then: still too slow
+            time.sleep(0.3)
+            slow.sendall(FULL[10 + n:11 + n])
+        if server == "granian":
+            time.sleep(1.0)  # past the deadline, then the rest
+            slow.sendall(FULL[13:])
+        answer = _answer(slow, timeout=10)
+    finally:
+        slow.close()
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
+    assert b'"code":"request.timeout"' in answer
+    assert s.request("GET", "/api/imports/shipment-slow-1")[0] == 404
+    # The client went away: its slot is free again, a whole body is taken.
+    wait_for(lambda: s.post_csv("slow-1", FULL)[0] == 202, 10, 0.2, message="slot back")
+    http = next(p for p in s.procs if p.name == "http")
+    assert "http.body_timeout" in http.log() and "http.body_reads_busy" in http.log()

@@ -86,6 +86,7 @@ def call_wsgi(
     stream: Any = None,
     content_length: str | None = None,
     validate: bool = True,
+    extra_environ: dict[str, Any] | None = None,
 ) -> Result:
     environ: dict[str, Any] = {
         "REQUEST_METHOD": method,
@@ -103,6 +104,7 @@ def call_wsgi(
     for name, value in headers:
         environ["HTTP_" + name.upper().replace("-", "_")] = value
     setup_testing_defaults(environ)
+    environ.update(extra_environ or {})
 
     captured: list[tuple[str, list[tuple[str, str]]]] = []
 

@@ -42,7 +42,9 @@ def test_spec_is_valid_openapi(spec: dict[str, Any]) -> None:
 def test_every_route_is_documented_and_nothing_else(spec: dict[str, Any]) -> None:
     documented = {(path, method.upper()) for path, ops in spec["paths"].items() for method in ops}
     routed = {(route.template, route.method) for route in ROUTES}
-    assert documented == routed
+    # HEAD is answered on every GET route (handlers/edge.py) and documented with it.
+    heads = {(route.template, "HEAD") for route in ROUTES if route.method == "GET"}
+    assert heads and documented == routed | heads
     for route in ROUTES:
         operation = spec["paths"][route.template][route.method.lower()]
         assert operation["operationId"] == route.operation["operationId"]
@@ -51,6 +53,31 @@ def test_every_route_is_documented_and_nothing_else(spec: dict[str, Any]) -> Non
         else:
             # open (security: []) or its own scheme, never the producers' API keys
             assert "security" in operation and {"bearerAuth": []} not in operation["security"]
+
+
+def test_head_is_documented_like_get_without_a_body(spec: dict[str, Any]) -> None:
+    for route in ROUTES:
+        if route.method != "GET":
+            continue
+        get, head = (spec["paths"][route.template][m] for m in ("get", "head"))
+        assert head["operationId"] == get["operationId"] + "Head"
+        assert head.get("security") == get.get("security") and head.get("parameters") == get.get("parameters")
+        assert set(head["responses"]) == set(get["responses"]), route.template
+        for status, response in head["responses"].items():
+            assert "content" not in response, (route.template, status)
+            assert response.get("headers") == get["responses"][status].get("headers")
+
+
+def test_every_response_documents_the_request_id_header(spec: dict[str, Any]) -> None:
+    header = spec["components"]["headers"]["X-Request-Id"]
+    assert header["required"] is True
+    count = 0
+    for operations in spec["paths"].values():
+        for operation in operations.values():
+            for response in operation["responses"].values():
+                assert response["headers"]["X-Request-Id"] == {"$ref": "#/components/headers/X-Request-Id"}
+                count += 1
+    assert count > 30
 
 
 def test_authenticated_routes_document_401(spec: dict[str, Any]) -> None:

@@ -452,3 +452,43 @@ def test_a_hostile_shape_costs_the_parse_a_small_multiple_of_the_file(filler: by
         tracemalloc.stop()
     assert isinstance(parsed, CsvInvalid)
     assert peak <= 2.5 * size, peak  # the decoded text and one line of it
+
+
+def test_the_plain_path_in_steps_agrees_with_the_full_parse_on_large_files() -> None:
+    """Many blocks, sort runs and hash steps (the plain path works in steps of
+    256 KiB / 4096 lines): the same key as the full parse; a duplicate SKU
+    anywhere, across a step's edge too, is found."""
+    import random
+
+    from importer.domain.shipment import _STEP_LINES, _plain_content_sha256, content_sha256, parse_shipment
+
+    rng = random.Random(5)
+    skus = [f"S{n:07d}-{'x' * rng.randint(0, 40)}" for n in range(3 * _STEP_LINES + 17)]
+    rng.shuffle(skus)
+    lines = [f"{sku},{rng.randint(1, 1_000_000)}" for sku in skus]
+    data = ("sku,quantity\n" + "\n".join(lines) + "\n").encode()
+    parsed = parse_shipment(data)
+    assert not isinstance(parsed, CsvInvalid)
+    assert _plain_content_sha256(data, 100_000) == parsed.content_sha256 == content_sha256(parsed.rows)
+    ordered = sorted(skus)
+    for index in (0, _STEP_LINES - 1, _STEP_LINES, 2 * _STEP_LINES + 3, len(ordered) - 2):
+        twice = lines + [f"{ordered[index]},7"]  # the same SKU again: sorts next to the first
+        bad = ("sku,quantity\n" + "\n".join(twice) + "\n").encode()
+        assert _plain_content_sha256(bad, 100_000) is None, index
+        assert isinstance(parse_shipment(bad), CsvInvalid)
+
+
+def test_sorting_and_merging_in_steps_equal_sorted() -> None:
+    """Many equal lines, lists around the step size, one side ending first."""
+    import random
+
+    from importer.domain.shipment import _STEP_LINES, _merged_in_steps, _sorted_in_steps
+
+    rng = random.Random(3)
+    for n in (0, 1, 5, _STEP_LINES - 1, _STEP_LINES, _STEP_LINES + 1, 3 * _STEP_LINES + 7):
+        for alphabet in (b"ab", b"0123456789"):
+            items = [bytes(rng.choice(alphabet) for _ in range(rng.randint(0, 5))) for _ in range(n)]
+            assert _sorted_in_steps(list(items)) == sorted(items)
+            left, right = sorted(items[: n // 3]), sorted(items[n // 3:])
+            assert _merged_in_steps(left, right) == sorted(items)
+            assert _merged_in_steps(right, left) == sorted(items)
