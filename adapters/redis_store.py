@@ -464,7 +464,7 @@ class RedisStore:
         args += [
             upload_id, s.max_attempts, _error_json("import.attempts_exhausted"),
             int(s.attempt_lease_s * 1000), int((s.time_limit_s + s.stall_margin_s) * 1000),
-            _error_json("import.upload_missing"),
+            _error_json("import.upload_missing"), _error_json("import.worker_lost"),
         ]
         return keys, args
 

@@ -7,6 +7,7 @@
 -- ARGV[12] lease ms (the attempt holds the job this long unless renewed, renew.lua)
 -- ARGV[13] cap ms (time limit + stall margin: no renewal goes past start + cap)
 -- ARGV[14] public error JSON for a missing upload
+-- ARGV[15] public error JSON import.worker_lost (a takeover of an attempt whose lease ran out)
 --
 -- The attempt counter lives in the record, not in the message: a message
 -- redelivered after a worker died counts as a new attempt too.
@@ -32,7 +33,12 @@ if state == 'active' then
   local deadline = tonumber(redis.call('ZSCORE', KEYS[9], step.id) or '0')
   if deadline > step.now then return {'busy', redis.call('HGET', step.key, 'attempt')} end
   -- The running attempt's lease ran out (its worker died or stopped): this
-  -- delivery takes over, as the reconciler would.
+  -- delivery takes over, and records the lost attempt as the reconciler
+  -- would (reconcile.lua), so the history reads the same whoever got there first.
+  local lost = redis.call('HGET', step.key, 'attempt')
+  redis.call('HSET', step.key, 'error', ARGV[15], 'diagnostic', 'attempt ' .. lost .. ' stalled: its lease ran out')
+  emit(step.events, step.maxlen, 'retrying', step.id, rec[3], lost, ARGV[15])
+  count(step.stats, 'retries')
 end
 
 local attempt = redis.call('HINCRBY', step.key, 'attempt', 1)

@@ -91,3 +91,32 @@ def test_attempts_used_up_fail_the_job(store: ProbeStore) -> None:
     record = store.get_job(job_id)
     assert record is not None and record.state == "failed" and record.error["code"] == "import.attempts_exhausted"
     assert store.reconcile() == []
+
+
+@pytest.mark.parametrize("one_step", [False, True], ids=["separate-steps", "one-step"])
+def test_a_delivery_that_takes_over_a_lost_attempt_records_it_as_the_reconciler_does(
+    store: ProbeStore, one_step: bool,
+) -> None:
+    """A redelivered message can reach start.lua before the reconciler sees the
+    expired lease (dramatiq requeues a dead worker's messages itself). The job's
+    history must read the same either way: the lost attempt 'retrying'
+    (import.worker_lost), then the new attempt."""
+    job_id, upload_id = _record(store)
+    first = store.start_attempt(job_id, upload_id).started
+    assert first is not None
+    time.sleep(0.4)  # the lease runs out; no reconciler pass runs
+    if one_step:
+        outcome, applied = store.start_and_apply(job_id=job_id, upload_id=upload_id, batch_id="b1", shipment=SHIPMENT)
+        assert outcome.started is not None and outcome.started.attempt == 2
+        assert applied is not None and applied.kind == "applied"
+    else:
+        second = store.start_attempt(job_id, upload_id).started
+        assert second is not None and second.attempt == 2
+        assert _apply(store, job_id, upload_id, 2, second.token) == "applied"
+    events = [(e["event"], int(e["attempt"])) for e in store.job_events(job_id, "0-0", None)]
+    assert events[:4] == [("waiting", 0), ("active", 1), ("retrying", 1), ("active", 2)]
+    assert events[-1] == ("completed", 2)
+    lost = [e for e in store.job_events(job_id, "0-0", None) if e["event"] == "retrying"]
+    assert lost[0]["data"]["code"] == "import.worker_lost"
+    assert _apply(store, job_id, upload_id, 1, first.token) == "finished"  # the lost attempt wakes up: no change
+    assert store.stock_of(["A", "B"]) == {"A": 2, "B": 3}
