@@ -92,28 +92,38 @@ end
 -- table.concat in C; formatting numbers in Lua would cost +50% here.
 local CHUNK = 4000
 local receipt, lines = {}, {}
+-- The stock after, per chunk, as HSET's field/value pairs: the new values are
+-- known here (before + quantity; SKUs are distinct), so the write below is one
+-- HSET per chunk instead of one HINCRBY per row. '%d' formats exactly up to
+-- 2^63 (Lua numbers are doubles, exact up to 2^53; stock is at most maxStock).
+local updates = {}
 for start = first_pair, #ARGV, 2 * CHUNK do
   local skus = {}
   local last = math.min(start + 2 * CHUNK - 1, #ARGV)
   for i = start, last, 2 do skus[#skus + 1] = ARGV[i] end
   local current = redis.call('HMGET', KEYS[6], unpack(skus))
-  local n = 0
+  local n, fields = 0, {}
   for j, sku in ipairs(skus) do
     local i = start + 2 * (j - 1)
     local before = current[j] or '0'
-    if tonumber(before) + tonumber(ARGV[i + 1]) > max_stock then
+    local after = tonumber(before) + tonumber(ARGV[i + 1])
+    if after > max_stock then
       fail(ARGV[18], 'sku ' .. sku .. ' would exceed ' .. ARGV[13])
       return {'overflow', sku}
     end
     lines[n + 1], lines[n + 2], lines[n + 3], lines[n + 4], lines[n + 5], lines[n + 6] =
       sku, ',', before, ',', ARGV[i + 1], '\n'
     n = n + 6
+    -- at most CHUNK / 2 pairs per HSET: unpack()'s limit counts values, not pairs
+    if #fields == CHUNK then updates[#updates + 1] = fields; fields = {} end
+    fields[#fields + 1], fields[#fields + 2] = sku, string.format('%d', after)
   end
   receipt[#receipt + 1] = table.concat(lines, '', 1, n)
+  if #fields > 0 then updates[#updates + 1] = fields end
 end
 
-for i = first_pair, #ARGV, 2 do
-  redis.call('HINCRBY', KEYS[6], ARGV[i], ARGV[i + 1])
+for _, chunk in ipairs(updates) do
+  redis.call('HSET', KEYS[6], unpack(chunk))
 end
 redis.call('SET', KEYS[13], table.concat(receipt))
 redis.call('INCR', KEYS[7])

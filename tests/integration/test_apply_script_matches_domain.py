@@ -62,3 +62,31 @@ def test_redis_script_and_pure_rule_agree(redis_url: str, sequence: list[tuple[s
         keys = list(client.scan_iter(match=prefix.replace("{", "\\{").replace("}", "\\}") + "*", count=1000))
         if keys:
             client.delete(*keys)
+
+
+def test_large_shipments_agree_across_the_scripts_chunks(redis_url: str) -> None:
+    """9,001 rows: more than two of apply.lua's HMGET chunks (4,000 SKUs) and its HSET
+    chunks (2,000 pairs), on stock that already holds values near the cap."""
+    client = redis.Redis.from_url(redis_url)
+    prefix = "{p" + uuid.uuid4().hex[:12] + "}:"
+    store = ProbeStore(client, Settings(key_prefix=prefix), clock_ms=lambda: 1_000)
+    state = StockState()
+    first = Shipment(tuple(Row(f"S{n:05d}", MAX_STOCK - 11 if n % 3 == 0 else n + 1) for n in range(9_001)))
+    second = Shipment(tuple(Row(f"S{n:05d}", 7 + n % 5) for n in range(0, 9_001, 2)))
+    try:
+        for n, (batch_id, shipment) in enumerate([("b1", first), ("b2", second)]):
+            job_id = f"job-{n}"
+            client.hset(store.keys.job(job_id), mapping={"id": job_id, "batchId": batch_id, "state": "active", "attempt": 1})
+            got = store.validated_and_apply(
+                job_id=job_id, upload_id="0" * 32, attempt=1, batch_id=batch_id, owner="o", shipment=shipment
+            )
+            state, expected = apply_shipment(state, batch_id, shipment, owner="o", job_id=job_id, now_ms=1_000)
+            assert got.kind == expected.kind == "applied"
+            assert client.get(store.keys.receipt(batch_id)) == encode_receipt(expected.receipt)
+        raw = client.hgetall(store.keys.stock)
+        assert len(raw) == 9_001
+        assert {k.decode(): int(v) for k, v in raw.items()} == state.stock
+    finally:
+        keys = list(client.scan_iter(match=prefix.replace("{", "\\{").replace("}", "\\}") + "*", count=1000))
+        if keys:
+            client.delete(*keys)
