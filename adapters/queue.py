@@ -33,6 +33,7 @@ import dramatiq
 import redis
 from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
 from dramatiq.common import current_millis
+from dramatiq.message import generate_unique_id
 from dramatiq.middleware import CurrentMessage, Middleware, Retries, ShutdownNotifications, TimeLimit
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
@@ -292,10 +293,21 @@ class ImportQueue:
         pushed on ``<namespace>:<queue>``. dramatiq's enqueue middleware hooks
         are not run: no middleware of the producer's broker has any."""
         assert isinstance(self.broker, RedisBroker)
-        message = self._message(self._body(job_id, batch_id, upload_id))
-        message = message.copy(options={"redis_message_id": str(uuid.uuid4())})
-        queue_key = f"{self.broker.namespace}:{message.queue_name}"
-        return OutgoingMessage(queue_key, queue_key + ".msgs", message.options["redis_message_id"], message.encode())
+        redis_message_id = str(uuid.uuid4())
+        # dramatiq.Message(...).copy(options=...).encode(), without building the
+        # two dataclasses (a tenth of a POST's Python time): the same fields, in
+        # the same order, through dramatiq's own (global) encoder.
+        fields = {
+            "queue_name": self.settings.queue_name,
+            "actor_name": ACTOR_NAME,
+            "args": [self._body(job_id, batch_id, upload_id)],
+            "kwargs": {},
+            "options": {"redis_message_id": redis_message_id},
+            "message_id": generate_unique_id(),
+            "message_timestamp": int(time.time() * 1000),
+        }
+        queue_key = f"{self.broker.namespace}:{self.settings.queue_name}"
+        return OutgoingMessage(queue_key, queue_key + ".msgs", redis_message_id, dramatiq.get_encoder().encode(fields))
 
 
 def _where(exc: BaseException) -> str:

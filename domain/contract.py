@@ -89,10 +89,26 @@ def encode_message(
     body: dict[str, object] = {"version": version, "jobId": job_id, "batchId": batch_id, "uploadId": upload_id}
     if version >= 2 and request_id is not None:
         body["requestId"] = request_id
+    if _plainly_valid(body):
+        return body
     errors = _SCHEMAS[version].validate(body)
     if errors:
         raise InvalidMessage(f"refusing to send an invalid message: {sorted(errors)}")
     return body
+
+
+def _plainly_valid(body: Mapping[str, object]) -> bool:
+    """The schema's rules for a body :func:`encode_message` built, checked
+    without the schema machinery (it was a tenth of a POST's Python time).
+    False sends the body through the schema, for its error message."""
+    job_id, batch_id, upload_id = body["jobId"], body["batchId"], body["uploadId"]
+    request_id = body.get("requestId")
+    return (
+        type(job_id) is str and 1 <= len(job_id) <= 128
+        and type(batch_id) is str and is_valid_batch_id(batch_id)
+        and type(upload_id) is str and _UPLOAD_ID.fullmatch(upload_id) is not None
+        and (request_id is None or (type(request_id) is str and _REQUEST_ID.fullmatch(request_id) is not None))
+    )
 
 
 def decode_message(payload: object, accepted_versions: frozenset[int]) -> ImportMessage:

@@ -30,7 +30,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from typing import Protocol
 
 from importer.handlers.api import Api
@@ -198,7 +197,7 @@ def _read_and_call(
     except UploadsBusy:
         log.warning("upload slots busy", extra={"event": "http.uploads_busy"})
         return problem("service.busy", instance=req.path, headers=(("Retry-After", "1"),))
-    return call(api, route, replace(req, body=data))
+    return call(api, route, req.with_body(data))
 
 
 def finish(method: str, response: Response, request_id: str) -> Response:
@@ -212,7 +211,7 @@ def finish(method: str, response: Response, request_id: str) -> Response:
             response.stream.close()  # a stream's length is unknown: no Content-Length
             return Response(response.status, b"", headers, stream=_NoBody(), download=response.download)
         return Response(response.status, b"", headers + (("Content-Length", str(len(response.body))),))
-    return replace(response, headers=headers)
+    return Response(response.status, response.body, headers, response.stream, response.download)
 
 
 class _NoBody:

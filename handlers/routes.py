@@ -333,16 +333,16 @@ def _route(keys: KeyRing, req: Request) -> tuple[Route, Request] | Response:
             if route.method == "GET":
                 allowed.append("HEAD")
             continue
+        owner = req.owner
         if route.authenticated:
             token = bearer_token(req.headers.get("authorization"))
             owner = keys.owner_for(token) if token else None
             if owner is None:
                 raise ApiError("auth.required", (("WWW-Authenticate", 'Bearer realm="importer"'),))
-            req = replace(req, owner=owner)
         params = match.groupdict()
         if not all(_is_text(value) for value in params.values()):
             raise ApiError("request.not_found")  # e.g. a lone surrogate from a hand-made Lambda event
-        return route, replace(req, path_params=params)
+        return route, req.routed(params, owner)
     if allowed:
         raise ApiError("request.method_not_allowed", (("Allow", ", ".join(sorted(set(allowed)))),))
     raise ApiError("request.not_found")

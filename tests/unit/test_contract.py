@@ -270,3 +270,28 @@ def test_the_plain_reading_agrees_with_the_schema_on_any_text() -> None:
         assert (_plain_v1(payload) is not None) == (not schema.validate(payload))
 
     agree()
+
+
+# -- the plain check of encode_message agrees with the schema -------------------------
+
+from hypothesis import given, strategies as st  # noqa: E402
+
+from importer.domain.contract import _SCHEMAS, _plainly_valid  # noqa: E402
+
+_near_valid = st.one_of(
+    st.just(UPLOAD), st.just("batch-a"), st.just("shipment-batch-a"), st.just(""), st.just("req-1"),
+    st.from_regex(r"[0-9a-fA-F]{30,34}", fullmatch=True),
+    st.from_regex(r"[A-Za-z0-9._:\- \n-]{0,130}", fullmatch=True),
+    st.text(max_size=140),
+)
+
+
+@given(job_id=_near_valid, batch_id=_near_valid, upload_id=_near_valid,
+       version=st.sampled_from([1, 2]), request_id=st.one_of(st.none(), _near_valid))
+def test_the_plain_check_accepts_exactly_what_the_schema_accepts(
+    job_id: str, batch_id: str, upload_id: str, version: int, request_id: str | None,
+) -> None:
+    candidate: dict[str, object] = {"version": version, "jobId": job_id, "batchId": batch_id, "uploadId": upload_id}
+    if version == 2 and request_id is not None:
+        candidate["requestId"] = request_id
+    assert _plainly_valid(candidate) == (not _SCHEMAS[version].validate(candidate))

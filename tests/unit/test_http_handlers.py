@@ -23,6 +23,7 @@ from importer.domain.jobs import JobRecord, ShipmentRecord
 from importer.handlers.api import Api, Lifecycle
 from importer.handlers.auth import KeyRing, hash_key
 from importer.handlers.http import PROBLEM_TYPE_BASE
+from importer.handlers.schemas import JobAcceptedSchema
 from importer.handlers.wsgi import WsgiApp, body_limit, create_app
 from tests.unit.fakes import NOW_MS, CountingUuids, FakeSender, FakeStore, SentMessage, StoreDown
 
@@ -157,12 +158,14 @@ class Harness:
         return self.call("GET", f"/api/imports/{job_id}", key=key)
 
 
-def make_harness(*, unavailable: tuple[type[BaseException], ...] = (StoreDown,)) -> Harness:
+def make_harness(
+    *, unavailable: tuple[type[BaseException], ...] = (StoreDown,), max_upload_bytes: int = MAX_UPLOAD_BYTES,
+) -> Harness:
     store, sender, uuids = FakeStore(), FakeSender(), CountingUuids()
     api = Api(
         store=store,
         sender=sender,
-        max_upload_bytes=MAX_UPLOAD_BYTES,
+        max_upload_bytes=max_upload_bytes,
         max_rows=1000,
         openapi_yaml=lambda: "openapi: 3.0.3\n",
         uuidgen=uuids,
@@ -232,6 +235,9 @@ def test_enqueue_json_is_accepted_and_sends_one_message(h: Harness) -> None:
     assert result.status == 202
     assert result.header("Content-Type") == "application/json"
     assert result.json() == {"jobId": "shipment-b-1", "batchId": "b-1", "state": "waiting"}
+    # The handler writes the answer without the schema: it is exactly what the schema dumps.
+    assert JobAcceptedSchema().validate(result.json()) == {}
+    assert JobAcceptedSchema().dump(result.json()) == result.json()
     assert result.header("Location") == "/api/imports/shipment-b-1"
     assert h.sender.sent == [SentMessage("shipment-b-1", "b-1", h.uuids.issued[0])]
     assert h.store.marked_sent == ["shipment-b-1"]
