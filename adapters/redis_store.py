@@ -9,7 +9,10 @@ fallback to EVAL when the server lost its script cache).
 from __future__ import annotations
 
 import json
+import os
+import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from functools import cache
 from contextlib import contextmanager
@@ -80,18 +83,110 @@ class RedisRefusesWrites(redis.ConnectionError):
     """
 
 
+def _refusal(exc: redis.ResponseError) -> BaseException:
+    """A sick server's refusal as RedisRefusesWrites; any other error reply as it is."""
+    translated = unavailable(exc)
+    if translated is not None and translated.reason == "redis_refuses_writes":
+        return RedisRefusesWrites(str(exc))
+    return exc
+
+
 class ImporterRedis(redis.Redis):
-    """The client of the store and of dramatiq's Redis broker: a sick server's refusals are ConnectionErrors."""
+    """The client of the store and of dramatiq's Redis broker: a sick server's
+    refusals are ConnectionErrors; the store's scripts run on a connection of
+    the calling thread's own (:meth:`run_script`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._own = threading.local()
+        self._own_lock = threading.Lock()
+        self._own_connections: list[Any] = []
+        _drop_after_fork(self)
 
     def execute_command(self, *args: Any, **options: Any) -> Any:
         # Outside redis-py's retry wrapper on purpose: a refused command is not retried here.
         try:
             return super().execute_command(*args, **options)
         except redis.ResponseError as exc:
-            translated = unavailable(exc)
-            if translated is not None and translated.reason == "redis_refuses_writes":
-                raise RedisRefusesWrites(str(exc)) from exc
-            raise
+            refused = _refusal(exc)
+            if refused is exc:
+                raise
+            raise refused from exc
+
+    def run_script(self, script: Any, keys: list[Any], args: list[Any]) -> Any:
+        """EVALSHA of a registered script (EVAL when the server lost its script
+        cache), on the calling thread's own connection.
+
+        Script.__call__ through redis-py's client costs about 35 us of Python
+        per call besides the round trip (the pool's checkout and return under
+        its lock with their fork checks, the retry wrapper, metric hooks):
+        a fifth of a POST's CPU (docs/performance.md). The rules are the
+        client's (adapters/bootstrap.py redis_client): its connection
+        settings (timeouts, command packer); one retry on a ConnectionError
+        (a connection a restarted Redis closed; the scripts are safe to run
+        again, as under redis-py's own retry), never on a timeout; a refusal
+        (OOM, BUSY...) raised as RedisRefusesWrites, never retried. redis-py
+        closes the connection on any error while sending or reading, so a
+        late reply is never read as the next call's."""
+        connection = self._thread_connection()
+        try:
+            try:
+                return self._send_script(connection, script, keys, args)
+            except redis.ConnectionError:
+                return self._send_script(connection, script, keys, args)  # reconnects
+        except redis.ResponseError as exc:
+            refused = _refusal(exc)
+            if refused is exc:
+                raise
+            raise refused from exc
+
+    @staticmethod
+    def _send_script(connection: Any, script: Any, keys: list[Any], args: list[Any]) -> Any:
+        try:
+            connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            return connection.read_response()
+        except redis.exceptions.NoScriptError:
+            connection.send_command("EVAL", script.script, len(keys), *keys, *args)
+            return connection.read_response()
+
+    def _thread_connection(self) -> Any:
+        connection = getattr(self._own, "connection", None)
+        if connection is None:
+            pool = self.connection_pool
+            connection = pool.connection_class(**pool.connection_kwargs)  # connects on first use
+            with self._own_lock:
+                self._own_connections.append(connection)
+            self._own.connection = connection
+        return connection
+
+    def close(self) -> None:
+        """Also closes every thread's own connection (after the threads stopped calling)."""
+        with self._own_lock:
+            connections, self._own_connections = self._own_connections, []
+        for connection in connections:
+            connection.disconnect()
+        super().close()
+
+    def _forget_own_connections(self) -> None:
+        """In a forked child: the parent's sockets are the parent's."""
+        self._own = threading.local()
+        self._own_lock = threading.Lock()
+        self._own_connections = []
+
+
+_FORKED_CLIENTS: "weakref.WeakSet[ImporterRedis]" = weakref.WeakSet()
+
+
+def _drop_after_fork(client: ImporterRedis) -> None:
+    _FORKED_CLIENTS.add(client)
+
+
+def _after_fork_in_child() -> None:
+    for client in list(_FORKED_CLIENTS):
+        client._forget_own_connections()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @contextmanager
@@ -316,6 +411,14 @@ class RedisStore:
         self.messages = messages
         self._scripts = {name: client.register_script(lua_source(name)) for name in SCRIPT_NAMES}
 
+    def _script(self, name: str, *, keys: list[Any], args: list[Any]) -> Any:
+        """One script call: on the calling thread's own connection when the
+        client is Importer's (ImporterRedis.run_script), else as redis-py's Script."""
+        script = self._scripts[name]
+        if isinstance(self.client, ImporterRedis):
+            return self.client.run_script(script, keys, args)
+        return script(keys=keys, args=args)
+
     def _pipelined(self, calls: list[tuple[str, list[Any], list[Any]]]) -> list[Any]:
         """Run several scripts in one round trip, by EVALSHA.
 
@@ -366,7 +469,7 @@ class RedisStore:
             keys += [message.queue_key, message.messages_key, k.deadline]
             args += [message.redis_message_id, message.data, int(s.waiting_grace_s * 1000)]
         with _translate():
-            reply = self._scripts["enqueue"](keys=keys, args=args)
+            reply = self._script("enqueue", keys=keys, args=args)
         kind = _s(reply[0])
         if kind == "created":
             return EnqueueOutcome("created", JobState.WAITING, sent=bool(int(reply[1])))
@@ -419,7 +522,7 @@ class RedisStore:
         attempts are used up are failed with import.attempts_exhausted."""
         k, s = self.keys, self.settings
         with _translate():
-            reply = self._scripts["reconcile"](
+            reply = self._script("reconcile",
                 keys=[k.unsent, k.deadline, k.active, k.failed, k.events, k.stats],
                 args=[
                     int(s.waiting_grace_s * 1000), limit, s.max_attempts, s.events_maxlen,
@@ -485,7 +588,7 @@ class RedisStore:
     def start_attempt(self, job_id: str, upload_id: str) -> StartOutcome:
         keys, args = self._start_args(job_id, upload_id)
         with _translate():
-            reply = self._scripts["start"](keys=keys, args=args)
+            reply = self._script("start", keys=keys, args=args)
         return self._start_outcome(reply)
 
     def _apply_args(
@@ -558,7 +661,7 @@ class RedisStore:
             keys += [k.dramatiq, k.dramatiq, k.dramatiq]  # not touched
             args = [*start_args, "", "", 0, *apply_args[8:]]
         with _translate():
-            started_reply, applied_reply, acked = self._scripts["start_apply"](keys=keys, args=args)
+            started_reply, applied_reply, acked = self._script("start_apply", keys=keys, args=args)
         outcome = self._start_outcome(started_reply)
         if ack is not None and int(acked):
             ack.acknowledged()
@@ -573,7 +676,7 @@ class RedisStore:
         while the job is not active); returns 'stale' otherwise."""
         keys, args = self._job_step(job_id)
         with _translate():
-            reply = self._scripts["fail"](
+            reply = self._script("fail",
                 keys=[*keys, self.keys.deadline, self.keys.rejections(job_id)],
                 args=[
                     *args, "" if attempt is None else attempt, "1" if final else "0",
@@ -589,7 +692,7 @@ class RedisStore:
     def _owned(self, key: str, owner: str) -> dict[bytes, bytes]:
         """The hash at key when its owner field is owner, else {} (read_owned.lua)."""
         with _translate():
-            flat = self._scripts["read_owned"](keys=[key], args=[owner])
+            flat = self._script("read_owned", keys=[key], args=[owner])
         return dict(zip(flat[::2], flat[1::2]))
 
     def get_owned_job(self, job_id: str, owner: str) -> JobRecord | None:
@@ -607,7 +710,7 @@ class RedisStore:
         batch was never applied or is another owner's (read_receipt.lua: the same work for both)."""
         k = self.keys
         with _translate():
-            reply = self._scripts["read_receipt"](keys=[k.done(batch_id), k.receipt(batch_id)], args=[owner, max(1, head_bytes)])
+            reply = self._script("read_receipt", keys=[k.done(batch_id), k.receipt(batch_id)], args=[owner, max(1, head_bytes)])
         if not reply:
             return None
         flat, size, head = reply
@@ -627,7 +730,7 @@ class RedisStore:
         names the report (``rejections``) and fail.lua wrote it in the same step."""
         k = self.keys
         with _translate():
-            reply = self._scripts["read_rejections"](keys=[k.job(job_id), k.rejections(job_id)], args=[owner])
+            reply = self._script("read_rejections", keys=[k.job(job_id), k.rejections(job_id)], args=[owner])
         if not reply:
             return None
         state, error, raw = _s(reply[0]), _json_or_none(reply[1]), reply[2]
@@ -725,7 +828,7 @@ class RedisStore:
         """This worker is alive for ``window_ms`` more (server clock) and accepts
         these contract versions (presence.lua); returns how many workers are live."""
         with _translate():
-            return int(self._scripts["presence"](
+            return int(self._script("presence",
                 keys=[self.keys.workers, self.keys.workers_accepts],
                 args=[worker_id, format_versions(accepts), window_ms, self.keys.workers_accepting("")],
             ))
@@ -733,7 +836,7 @@ class RedisStore:
     def remove_worker(self, worker_id: str) -> None:
         """A worker that stops says so: the door stops counting it at once."""
         with _translate():
-            self._scripts["presence"](
+            self._script("presence",
                 keys=[self.keys.workers, self.keys.workers_accepts],
                 args=[worker_id, "", 0, self.keys.workers_accepting("")],
             )
