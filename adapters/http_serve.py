@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -69,36 +70,67 @@ GRANIAN_LOG_CONFIG: dict[str, Any] = {
 }
 
 
-#: Seconds a 413 answer stays open after its last byte (see _linger_after_413).
+#: Seconds a 413 answer stays open after its last byte (see _wsgi_callback).
 LINGER_AFTER_413_S = 0.5
 
 
-def _linger_after_413(app: Any) -> Any:
-    """A 413 refuses a body the client is still sending. granian (hyper) closes
-    the connection right after the answer, with unread body bytes in the
-    socket: the kernel then sends a reset, and a client that reads only
-    between two writes may lose the answer (seen: 1 run in 4 of the 1 GiB
-    chunked upload test). Keeping the answer open a moment after its last byte
-    lets the client read it first. Costs one thread for LINGER_AFTER_413_S per
-    refused oversize upload, which only comes after its key was accepted."""
+def _wsgi_callback(app: Any, scope_opts: dict[str, Any]) -> Any:
+    """What granian calls per request: granian.wsgi._callback_wrapper's
+    ``_runner`` (no access log), with two differences.
+
+    * The environ is granian's scope plus the few PEP 3333 keys, not a copy
+      of the whole process environment merged into every request (granian does
+      that; gunicorn and waitress do not, and the app never reads it): with
+      a deployment's few dozen variables it was about a tenth of a POST's
+      Python time (docs/performance.md).
+    * A 413 refuses a body the client is still sending. granian (hyper) closes
+      the connection right after the answer, with unread body bytes in the
+      socket: the kernel then sends a reset, and a client that reads only
+      between two writes may lose the answer (seen: 1 run in 4 of the 1 GiB
+      chunked upload test). Keeping the answer open a moment after its last
+      byte lets the client read it first. Costs one thread for
+      LINGER_AFTER_413_S per refused oversize upload, which only comes after
+      its key was accepted.
+    """
+    from granian.wsgi import Response, ResponseIterWrap
+
+    prefix = scope_opts.get("url_path_prefix") or ""
+    base: dict[str, Any] = {
+        "GATEWAY_INTERFACE": "CGI/1.1",
+        "SCRIPT_NAME": prefix,
+        "SERVER_SOFTWARE": "Granian",
+        "wsgi.errors": sys.stderr,
+        "wsgi.input_terminated": True,
+        "wsgi.multiprocess": False,
+        "wsgi.multithread": True,
+        "wsgi.run_once": False,
+        "wsgi.version": (1, 0),
+    }
 
     def lingering(body: Any) -> Any:
-        yield from body
+        try:
+            yield from body
+        finally:
+            close = getattr(body, "close", None)
+            if close is not None:
+                close()
         time.sleep(LINGER_AFTER_413_S)
 
-    def wrapped(environ: dict[str, Any], start_response: Any) -> Any:
-        statuses: list[str] = []
+    def runner(proto: Any, scope: dict[str, Any]) -> int:
+        response = Response()
+        environ = base | scope
+        if prefix:
+            environ["PATH_INFO"] = scope["PATH_INFO"][len(prefix):] or "/"
+        body = app(environ, response)
+        if response.status == 413:
+            body = lingering(body)
+        if isinstance(body, list):
+            proto.response_bytes(response.status, response.headers, b"".join(body))
+        else:
+            proto.response_iter(response.status, response.headers, ResponseIterWrap(body))
+        return response.status
 
-        def recording(status: str, headers: Any, exc_info: Any = None) -> Any:
-            statuses.append(status)
-            return start_response(status, headers, exc_info)
-
-        body = app(environ, recording)
-        if statuses and statuses[-1].startswith("413"):
-            return lingering(body)
-        return body
-
-    return wrapped
+    return runner
 
 
 def _load_side() -> Any:
@@ -127,7 +159,9 @@ def _wsgi_worker_target() -> Any:
         websockets: bool, static_path: Any, log_access_fmt: str | None, ssl_ctx: Any, scope_opts: dict[str, Any],
         metrics: Any,
     ) -> None:
-        callback = _callback_wrapper(_linger_after_413(side.app), scope_opts, log_access_fmt)
+        callback = _wsgi_callback(side.app, scope_opts)
+        if log_access_fmt:  # granian's own wrapper, with its access log (importer serve never asks for one)
+            callback = _callback_wrapper(side.app, scope_opts, log_access_fmt)
         shutdown = WorkerSignal()
         served = threading.Event()
         shutdown.add_cb(served.set)
