@@ -453,16 +453,21 @@ class RedisStore:
     # -- producer side -------------------------------------------------
 
     def enqueue(
-        self, *, job_id: str, batch_id: str, owner: str, content_sha256: str, upload_id: str, csv: bytes
+        self, *, job_id: str, batch_id: str, owner: str, content_sha256: str, upload_id: str, csv: bytes,
+        rate_token: bool = False,
     ) -> EnqueueOutcome:
         k, s = self.keys, self.settings
         now = self._now()
+        # The owner's rate-limit token, in the script's first step (rate_token), as take_rate_token takes it.
+        window_ms = max(1, int(s.rate_window_s * 1000))
+        rate_limit = s.rate_limit if rate_token and s.rate_limit > 0 else 0
         keys = [
             k.job(job_id), k.upload(upload_id), k.done(batch_id), k.unsent, k.waiting, k.events, k.owner_jobs(owner),
-            k.workers, k.workers_accepts, k.workers_accepting(s.producer_version),
+            k.workers, k.workers_accepts, k.workers_accepting(s.producer_version), k.rate(owner, now // window_ms),
         ]
         args: list[Any] = [
             job_id, batch_id, owner, content_sha256, upload_id, now, csv, s.events_maxlen, s.producer_version,
+            rate_limit, window_ms * 2,
         ]
         if self.messages is not None:
             message = self.messages(job_id, batch_id, upload_id)
@@ -479,6 +484,8 @@ class RedisStore:
             return EnqueueOutcome(
                 "no_worker", producer_version=s.producer_version, workers_accept=parse_versions(_s(reply[1]))
             )
+        if kind == "rate_limited":
+            return EnqueueOutcome("rate_limited", retry_after_ms=window_ms - now % window_ms)
         return EnqueueOutcome("conflict")
 
     def take_rate_token(self, owner: str) -> int:

@@ -21,7 +21,9 @@ class EnqueueOutcome:
 
     #: 'no_worker': live workers exist and none accepts the producer's
     #: contract version; nothing was recorded (the door check).
-    kind: Literal["created", "exists", "conflict", "no_worker"]
+    #: 'rate_limited': the owner's rate limit, taken in the same step, is used
+    #: up for this window; nothing was recorded.
+    kind: Literal["created", "exists", "conflict", "no_worker", "rate_limited"]
     #: The job's state when it exists ('waiting' for a new one).
     state: str = ""
     #: A new job's message was written in the same atomic step as its record
@@ -30,6 +32,8 @@ class EnqueueOutcome:
     #: 'no_worker': the version refused, and every version the live workers accept.
     producer_version: int = 0
     workers_accept: frozenset[int] = frozenset()
+    #: 'rate_limited': milliseconds until the owner's window ends.
+    retry_after_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -71,8 +75,13 @@ class JobRecorder(Protocol):
     """Producer side of the store: records a job (once per jobId) with its upload."""
 
     def enqueue(
-        self, *, job_id: str, batch_id: str, owner: str, content_sha256: str, upload_id: str, csv: bytes
-    ) -> EnqueueOutcome: ...
+        self, *, job_id: str, batch_id: str, owner: str, content_sha256: str, upload_id: str, csv: bytes,
+        rate_token: bool = False,
+    ) -> EnqueueOutcome:
+        """Record the job once. ``rate_token``: first take one POST of the
+        owner's rate limit, in the same atomic step ('rate_limited' when it
+        is used up: nothing recorded)."""
+        ...
 
     def mark_sent(self, job_id: str) -> None: ...
 

@@ -3,15 +3,17 @@
 Called by every producer: the HTTP and serverless handlers, the CLI's tools
 and the bench. It raises :class:`BatchConflict`, or :class:`NoWorkerAccepts`
 when live workers exist and none accepts the producer's contract version
-(nothing recorded); the transport maps its code to an answer. (The HTTP edge takes the per-owner rate limit before it reads
-the body, so before this runs.)
+(nothing recorded), or :class:`RateLimited`; the transport maps its code to
+an answer. (The per-owner rate limit: the HTTP edge takes it before it reads
+a large or undeclared body, and has the recorder take it in the enqueue step
+for a small declared one: handlers/api.py.)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from importer.domain.errors import BatchConflict, NoWorkerAccepts
+from importer.domain.errors import BatchConflict, NoWorkerAccepts, RateLimited
 from importer.domain.ports import JobRecorder, MessageSender
 from importer.domain.shipment import content_key, job_id_for
 
@@ -26,7 +28,8 @@ class Accepted:
 
 
 def submit_import(
-    recorder: JobRecorder, sender: MessageSender, *, owner: str, batch_id: str, csv: bytes, upload_id: str, max_rows: int
+    recorder: JobRecorder, sender: MessageSender, *, owner: str, batch_id: str, csv: bytes, upload_id: str, max_rows: int,
+    rate_token: bool = False,
 ) -> Accepted:
     """Record the job of ``batch_id`` (once) and send its message.
 
@@ -37,12 +40,18 @@ def submit_import(
     store's *unsent* index, which the workers' reconciler sends later (so does
     a send that failed: the caller answers 503, and a retry of the same POST
     is harmless).
+
+    ``rate_token``: the recorder takes the owner's rate-limit token in the
+    same step (an HTTP edge that took it before reading the body passes
+    False); :class:`RateLimited` when it is used up, nothing recorded.
     """
     job_id = job_id_for(batch_id)
     outcome = recorder.enqueue(
         job_id=job_id, batch_id=batch_id, owner=owner,
-        content_sha256=content_key(csv, max_rows), upload_id=upload_id, csv=csv,
+        content_sha256=content_key(csv, max_rows), upload_id=upload_id, csv=csv, rate_token=rate_token,
     )
+    if outcome.kind == "rate_limited":
+        raise RateLimited(max(1, -(-outcome.retry_after_ms // 1000)))
     if outcome.kind == "conflict":
         raise BatchConflict()
     if outcome.kind == "no_worker":

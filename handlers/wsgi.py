@@ -193,6 +193,8 @@ def request_from_environ(environ: dict[str, Any], body: bytes) -> Request:
     }
     if environ.get("CONTENT_TYPE"):
         headers["content-type"] = environ["CONTENT_TYPE"]
+    if environ.get("CONTENT_LENGTH"):
+        headers["content-length"] = environ["CONTENT_LENGTH"]
     return Request(
         method=environ.get("REQUEST_METHOD", "GET").upper(),
         path=environ.get("PATH_INFO", "/") or "/",

@@ -10,13 +10,15 @@
 --   [door] the live workers (presence.lua)
 -- ARGV[9] the contract version of the message this producer sends
 --
--- (The per-owner rate limit is not here: it is taken before the body is read,
--- RedisStore.take_rate_token.)
+-- KEYS[11] P:rate:<owner>:<window>   [rate] the owner's fixed-window counter
+-- ARGV[10] the rate limit to take a token of here, 0 = not here (off, or taken
+--   before the body was read: RedisStore.take_rate_token, for large bodies)
+-- ARGV[11] the counter's expiry ms (twice the window, as take_rate_token sets it)
 --
 -- With the job's dramatiq message (Redis transport, the broker on this Redis):
--- KEYS[11] <namespace>:<queue>  KEYS[12] <namespace>:<queue>.msgs  KEYS[13] P:jobs:deadline
--- ARGV[10] redis_message_id  ARGV[11] the message as dramatiq's encoder wrote it
--- ARGV[12] waiting grace ms
+-- KEYS[12] <namespace>:<queue>  KEYS[13] <namespace>:<queue>.msgs  KEYS[14] P:jobs:deadline
+-- ARGV[12] redis_message_id  ARGV[13] the message as dramatiq's encoder wrote it
+-- ARGV[14] waiting grace ms
 --   written as dramatiq's RedisBroker.enqueue (its dispatch.lua) writes it:
 --   HSET the data under the id in .msgs, RPUSH the id on the queue list. So
 --   no job ever exists without its message, and no unsent entry is needed;
@@ -25,7 +27,10 @@
 --   Without them the job goes into P:jobs:unsent until the caller marks it sent.
 --
 -- Returns {'created', sent (1|0)} | {'exists', state} | {'conflict', reason}
---   | {'no_worker', '1,3'}
+--   | {'no_worker', '1,3'} | {'rate_limited'}
+--   'rate_limited' [rate]: the token is taken first, whatever follows (as
+--   before the body: a replay or a conflict counts too); past the limit
+--   nothing else is read or written.
 --   'exists': the job record is still there with the same owner and content
 --   (like BullMQ's jobId: enqueueing again is a no-op).
 --   'conflict': the batchId is bound to another owner or other content, in
@@ -37,6 +42,13 @@
 
 local job_key, upload_key, done_key = KEYS[1], KEYS[2], KEYS[3]
 local job_id, batch_id, owner, sha = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+
+local rate_limit = tonumber(ARGV[10])  -- [rate]
+if rate_limit > 0 then
+  local used = redis.call('INCR', KEYS[11])
+  redis.call('PEXPIRE', KEYS[11], ARGV[11])
+  if used > rate_limit then return {'rate_limited'} end
+end
 
 local existing = redis.call('HMGET', job_key, 'state', 'owner', 'contentSha256')
 if existing[1] then
@@ -62,12 +74,12 @@ redis.call('SET', upload_key, ARGV[7])
 redis.call('ZADD', KEYS[5], ARGV[6], job_id)
 redis.call('ZADD', KEYS[7], ARGV[6], job_id)  -- [console] GET /api/imports
 emit(KEYS[6], ARGV[8], 'waiting', job_id, batch_id, 0, '{}')
-local queue_key, messages_key = KEYS[11], KEYS[12]
-local message_id, message_data = ARGV[10], ARGV[11]
+local queue_key, messages_key = KEYS[12], KEYS[13]
+local message_id, message_data = ARGV[12], ARGV[13]
 if queue_key and message_id then
   redis.call('HSET', messages_key, message_id, message_data)
   redis.call('RPUSH', queue_key, message_id)
-  redis.call('ZADD', KEYS[13], 'NX', tonumber(ARGV[6]) + tonumber(ARGV[12]), job_id)
+  redis.call('ZADD', KEYS[14], 'NX', tonumber(ARGV[6]) + tonumber(ARGV[14]), job_id)
   return {'created', 1}
 end
 redis.call('ZADD', KEYS[4], ARGV[6], job_id)

@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from importer.adapters.embedded_redis import EmbeddedRedis
+from importer.handlers.api import RATE_TOKEN_WITH_ENQUEUE_BYTES
 from tests.integration.support import FIXTURES, ROOT, System, free_port, wait_for
 
 pytestmark = pytest.mark.integration
@@ -182,7 +183,19 @@ def test_rate_limit_per_owner(make_system: object) -> None:
     assert status == 429 and json.loads(body)["code"] == "request.rate_limited"
     assert 1 <= int(headers["Retry-After"]) <= 30
     assert statuses[6][0] == 429
-    assert system.request("POST", "/api/imports?batchId=rl-b", body=SEED, ctype="text/csv", key=system.other_key)[0] == 202
+    assert [system.get_job(f"shipment-rl-{n}")[0] for n in (5, 6)] == [404, 404]  # nothing recorded past the limit
+
+    # Small bodies have their token taken by the enqueue script, larger ones before
+    # the body is read: one counter all the same. The other owner: 3 small, 1 large, 1 small, then refused.
+    large = b"sku,quantity\n" + b"".join(f"LARGE-{n:06d},1\n".encode() for n in range(5000))
+    assert len(large) > RATE_TOKEN_WITH_ENQUEUE_BYTES
+    other = system.other_key
+    sent = [system.request("POST", f"/api/imports?batchId=rl-b{n}", body=SEED, ctype="text/csv", key=other)[0] for n in range(3)]
+    sent.append(system.request("POST", "/api/imports?batchId=rl-large", body=large, ctype="text/csv", key=other)[0])
+    sent.append(system.request("POST", "/api/imports?batchId=rl-b3", body=SEED, ctype="text/csv", key=other)[0])
+    assert sent == [202] * 5
+    assert system.request("POST", "/api/imports?batchId=rl-large-2", body=large, ctype="text/csv", key=other)[0] == 429
+    assert system.request("POST", "/api/imports?batchId=rl-b4", body=SEED, ctype="text/csv", key=other)[0] == 429
 
 
 def test_an_evicting_redis_is_refused_unless_overridden(tmp_path: Path, make_system: object) -> None:

@@ -54,9 +54,14 @@ class FakeStore:
             raise self.failure
 
     def enqueue(
-        self, *, job_id: str, batch_id: str, owner: str, content_sha256: str, upload_id: str, csv: bytes
+        self, *, job_id: str, batch_id: str, owner: str, content_sha256: str, upload_id: str, csv: bytes,
+        rate_token: bool = False,
     ) -> EnqueueOutcome:
         self._call("enqueue")
+        if rate_token:
+            self.rate_tokens.append(owner)
+            if self.rate_wait_ms:
+                return EnqueueOutcome("rate_limited", retry_after_ms=self.rate_wait_ms)
         existing = self.jobs.get(job_id)
         if existing is None:
             if not live_workers_can_run(self.producer_version, list(self.workers.values())):

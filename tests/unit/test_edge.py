@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from importer.adapters.logs import JsonFormatter
+from importer.handlers.api import RATE_TOKEN_WITH_ENQUEUE_BYTES
 from importer.handlers.edge import LARGE_UPLOAD_BYTES
 from importer.handlers.serverless import make_handler
 from importer.handlers.wsgi import body_limit, create_app
@@ -130,17 +131,31 @@ def test_a_wrong_key_reads_no_body(h: Harness, authorization: str | None) -> Non
     assert h.store.rate_tokens == []  # refused before the rate limit too
 
 
-def test_a_rate_limited_post_reads_no_body_and_says_when_to_come_back(h: Harness) -> None:
+def test_a_rate_limited_large_post_reads_no_body_and_says_when_to_come_back() -> None:
+    h = make_harness(max_upload_bytes=1024 * 1024)
     h.store.rate_wait_ms = 1200
 
     result = h.call(
         "POST", "/api/imports", query="batchId=b-1", stream=ExplodingStream(),
-        content_length="100", content_type="text/csv",
+        content_length=str(RATE_TOKEN_WITH_ENQUEUE_BYTES + 1), content_type="text/csv",
     )
 
     assert_problem(result, 429, "request.rate_limited")
     assert result.header("Retry-After") == "2"
     assert h.store.rate_tokens == ["owner-a"] and h.store.calls == []
+
+
+def test_a_small_post_takes_its_rate_token_in_the_enqueue_step_and_records_nothing_past_it(h: Harness) -> None:
+    """One round trip per POST: a small declared body is read (it came with
+    the headers) and the enqueue step takes the token first, refusing there."""
+    h.store.rate_wait_ms = 1200
+
+    result = h.post_csv(VALID_CSV, "b-1")
+
+    assert_problem(result, 429, "request.rate_limited")
+    assert result.header("Retry-After") == "2"
+    assert h.store.rate_tokens == ["owner-a"] and h.store.calls == ["enqueue"]
+    assert h.store.jobs == {} and h.store.uploads == {} and h.sender.sent == []
 
 
 def test_the_rate_token_is_taken_once_per_post_for_its_owner(h: Harness) -> None:
