@@ -8,6 +8,7 @@ import os
 import sys
 
 from importer.adapters import cli_client, cli_operator, cli_processes
+from importer.adapters.http_serve import DEFAULT_THREADS, default_workers
 from importer.adapters.settings import SettingsError
 
 DESCRIPTION = "Applies CSV shipments to stock exactly once: serve, worker, dev, events, submit, status, doctor, inspect, keys, openapi."
@@ -20,11 +21,11 @@ def build_parser() -> argparse.ArgumentParser:
     # -- processes (cli_processes) -------------------------------------------------
     p = sub.add_parser("serve", help="run the HTTP API under granian (or gunicorn)")
     p.add_argument("--bind", default=None, help="HOST:PORT to listen on (default: IMPORTER_HTTP_BIND, else 127.0.0.1:8080)")
-    # Measured with bench/http_servers.py and bench/profile_http.py (README,
-    # Performance): granian, 2 processes x 4 threads on 2 cores.
+    # Measured with bench/run.py, bench/http_servers.py and bench/profile_http.py
+    # (README, Performance): granian, cores + 1 processes x 4 threads.
     p.add_argument("--server", choices=("granian", "gunicorn"), default=None, help="default: IMPORTER_HTTP_SERVER, else granian")
-    p.add_argument("--workers", type=int, default=2, help="worker processes")
-    p.add_argument("--threads", type=int, default=4, help="Python threads per worker process (gunicorn: >1 is gthread)")
+    p.add_argument("--workers", type=int, default=default_workers(), help="worker processes (default: cores + 1)")
+    p.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="Python threads per worker process (gunicorn: >1 is gthread)")
     p.add_argument("--timeout", type=int, default=30, help="gunicorn only: seconds before a stuck request's worker is restarted")
     p.add_argument("--graceful-timeout", type=int, default=30, help="seconds in-flight requests get on SIGTERM")
     p.add_argument(

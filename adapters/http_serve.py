@@ -49,6 +49,7 @@ Later signals are ignored; the main process exits 0.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -60,6 +61,20 @@ from importer.adapters.settings import Settings
 from importer.adapters.signals import StopOnce
 
 log = logging.getLogger("importer.http")
+
+
+def default_workers() -> int:
+    """``importer serve``'s processes: one per core this process may run on,
+    plus one. On 2 cores (wrk -t2 -c32 POSTing 3-row files as bench/run.py
+    does, in turn, docs/performance.md): 3 processes x 4 threads answered
+    5,500-5,900 POSTs/s against 4,600-4,700 with 2 x 4, p99 16-19 ms against
+    18 ms: a process's Python threads share one GIL, so while one process
+    waits for Redis or for its GIL, another has the core."""
+    return len(os.sched_getaffinity(0)) + 1
+
+
+#: ``importer serve``'s Python threads per process (plus IMPORTER_MAX_EVENT_STREAMS).
+DEFAULT_THREADS = 4
 
 #: granian's own log lines, as JSON lines like ours (granian.log.configure_logging
 #: merges this into its dictConfig).

@@ -45,6 +45,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: bench/run.py
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from importer.adapters.http_serve import DEFAULT_THREADS, default_workers  # noqa: E402
 from importer.domain.shipment import DEFAULT_MAX_ROWS  # noqa: E402
 
 from bench.accounting import accounting_markdown, scenario_accounting  # noqa: E402
@@ -73,8 +74,8 @@ def parse_args(argv: list[str]) -> Config:
     p.add_argument("--peer-concurrency", type=int, default=16, help="the peer's Worker concurrency (the seed's 16)")
     p.add_argument("--http-server", choices=("granian", "gunicorn"), default=None,
                    help="server of importer serve and the bare app (default: IMPORTER_HTTP_SERVER, else granian, as importer serve)")
-    p.add_argument("--http-workers", type=int, default=2, help="HTTP worker processes (importer serve and the bare app)")
-    p.add_argument("--http-threads", type=int, default=4, help="threads per HTTP worker process")
+    p.add_argument("--http-workers", type=int, default=default_workers(), help="HTTP worker processes (importer serve and the bare app; default: importer serve's, cores + 1)")
+    p.add_argument("--http-threads", type=int, default=DEFAULT_THREADS, help="threads per HTTP worker process (default: importer serve's)")
     p.add_argument("--duration", type=int, default=None, help="seconds of wrk per run (default 10, --quick 3)")
     p.add_argument("--drain-n", type=str, default=None, help="comma-separated N for the drain (default 20000; --quick 2000)")
     p.add_argument("--rows", type=int, default=None, help="rows of the large batch (default 100,000; --quick 20,000)")
