@@ -454,7 +454,7 @@ class RedisStore:
 
     def enqueue(
         self, *, job_id: str, batch_id: str, owner: str, content_sha256: str, upload_id: str, csv: bytes,
-        rate_token: bool = False,
+        raw_sha256: str = "", stored_content: tuple[str, str] | None = None, rate_token: bool = False,
     ) -> EnqueueOutcome:
         k, s = self.keys, self.settings
         now = self._now()
@@ -467,7 +467,7 @@ class RedisStore:
         ]
         args: list[Any] = [
             job_id, batch_id, owner, content_sha256, upload_id, now, csv, s.events_maxlen, s.producer_version,
-            rate_limit, window_ms * 2,
+            rate_limit, window_ms * 2, raw_sha256, *(stored_content or ("", "")),
         ]
         if self.messages is not None:
             message = self.messages(job_id, batch_id, upload_id)
@@ -486,7 +486,15 @@ class RedisStore:
             )
         if kind == "rate_limited":
             return EnqueueOutcome("rate_limited", retry_after_ms=window_ms - now % window_ms)
+        if kind == "content_needed":
+            return EnqueueOutcome("content_needed", stored_upload_id=_s(reply[1]))
         return EnqueueOutcome("conflict")
+
+    def read_upload(self, upload_id: str) -> bytes | None:
+        """A stored upload (None once retention removed it with its job)."""
+        with _translate():
+            data = self.client.get(self.keys.upload(upload_id))
+        return bytes(data) if data is not None else None
 
     def take_rate_token(self, owner: str) -> int:
         """One POST of ``owner``'s fixed-window rate limit (IMPORTER_RATE_LIMIT per

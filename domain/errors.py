@@ -129,6 +129,16 @@ class RateLimited(DomainError):
         self.retry_after_s = retry_after_s
 
 
+class BatchUnsettled(DomainError):
+    """The batch's live job changed again and again while its content was
+    compared (submit_import): nothing was recorded; the same POST may be sent
+    again (transient)."""
+
+    code = "service.unavailable"
+    permanent = False
+    retry_after_s = 1
+
+
 class UnsupportedContractVersion(DomainError):
     code = "contract.unsupported_version"
 

@@ -23,7 +23,10 @@ class EnqueueOutcome:
     #: contract version; nothing was recorded (the door check).
     #: 'rate_limited': the owner's rate limit, taken in the same step, is used
     #: up for this window; nothing was recorded.
-    kind: Literal["created", "exists", "conflict", "no_worker", "rate_limited"]
+    #: 'content_needed': the batch is known (a live job or its done marker) with
+    #: other bytes; nothing was recorded: ask again with the upload's content
+    #: key (and, with ``stored_upload_id``, the stored upload's).
+    kind: Literal["created", "exists", "conflict", "no_worker", "rate_limited", "content_needed"]
     #: The job's state when it exists ('waiting' for a new one).
     state: str = ""
     #: A new job's message was written in the same atomic step as its record
@@ -34,6 +37,9 @@ class EnqueueOutcome:
     workers_accept: frozenset[int] = frozenset()
     #: 'rate_limited': milliseconds until the owner's window ends.
     retry_after_ms: int = 0
+    #: 'content_needed': the live job's upload, when its content key is not
+    #: known yet (its producer recorded only its bytes' hash).
+    stored_upload_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -76,11 +82,22 @@ class JobRecorder(Protocol):
 
     def enqueue(
         self, *, job_id: str, batch_id: str, owner: str, content_sha256: str, upload_id: str, csv: bytes,
-        rate_token: bool = False,
+        raw_sha256: str = "", stored_content: tuple[str, str] | None = None, rate_token: bool = False,
     ) -> EnqueueOutcome:
-        """Record the job once. ``rate_token``: first take one POST of the
-        owner's rate limit, in the same atomic step ('rate_limited' when it
-        is used up: nothing recorded)."""
+        """Record the job once.
+
+        ``raw_sha256``: the hash of the upload's bytes; ``content_sha256``
+        its content key (domain/shipment.py content_key), or "" when not
+        computed: then a batch known with other bytes answers
+        'content_needed'. ``stored_content``: (uploadId, content key) of the
+        live job's stored upload, computed by the caller after such an answer.
+        ``rate_token``: first take one POST of the owner's rate limit, in the
+        same atomic step ('rate_limited' when it is used up: nothing recorded).
+        """
+        ...
+
+    def read_upload(self, upload_id: str) -> bytes | None:
+        """A stored upload (None once retention removed it with its job)."""
         ...
 
     def mark_sent(self, job_id: str) -> None: ...

@@ -224,6 +224,12 @@ def could_be_valid(data: bytes, max_rows: int) -> bool:
     return 2 <= commas <= max_rows + 1 and commas <= data.count(b"\n") + 1
 
 
+def bytes_sha256(data: bytes) -> str:
+    """The hash of an upload's bytes as sent: the same bytes are the same
+    content, whatever their shape (hashlib lets other threads run meanwhile)."""
+    return hashlib.sha256(data).hexdigest()
+
+
 def content_key(data: bytes, max_rows: int = DEFAULT_MAX_ROWS) -> str:
     """What identifies a batch's content: the canonical hash when the CSV is valid.
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from importer.domain.errors import BatchConflict, NoWorkerAccepts, RateLimited
+from importer.domain.errors import BatchConflict, BatchUnsettled, NoWorkerAccepts, RateLimited
 from importer.domain.ports import JobRecorder, MessageSender
-from importer.domain.shipment import content_key, job_id_for
+from importer.domain.shipment import bytes_sha256, content_key, job_id_for
 
 
 @dataclass(frozen=True)
@@ -41,15 +41,39 @@ def submit_import(
     a send that failed: the caller answers 503, and a retry of the same POST
     is harmless).
 
+    Content identity, cheapest first: the upload's bytes are hashed (fast,
+    whatever the size), and its content key (the rows in canonical order:
+    content_key, which sorts them) is computed only when the batch is
+    already known with other bytes: the same rows in another order, with
+    other line endings or quotes, are the same content (202, the same job);
+    other rows are a conflict. A new batch, and a retry of the same bytes,
+    cost one hash of the bytes.
+
     ``rate_token``: the recorder takes the owner's rate-limit token in the
     same step (an HTTP edge that took it before reading the body passes
     False); :class:`RateLimited` when it is used up, nothing recorded.
     """
     job_id = job_id_for(batch_id)
+    raw = bytes_sha256(csv)
     outcome = recorder.enqueue(
-        job_id=job_id, batch_id=batch_id, owner=owner,
-        content_sha256=content_key(csv, max_rows), upload_id=upload_id, csv=csv, rate_token=rate_token,
+        job_id=job_id, batch_id=batch_id, owner=owner, content_sha256="", raw_sha256=raw,
+        upload_id=upload_id, csv=csv, rate_token=rate_token,
     )
+    # Known with other bytes: compare contents. At most a few rounds (the
+    # live job may change between two calls: then it is looked at again).
+    for _ in range(_CONTENT_ROUNDS):
+        if outcome.kind != "content_needed":
+            break
+        stored = None
+        if outcome.stored_upload_id:
+            stored_csv = recorder.read_upload(outcome.stored_upload_id)
+            stored = (outcome.stored_upload_id, content_key(stored_csv, max_rows) if stored_csv is not None else "")
+        outcome = recorder.enqueue(
+            job_id=job_id, batch_id=batch_id, owner=owner, content_sha256=content_key(csv, max_rows),
+            raw_sha256=raw, stored_content=stored, upload_id=upload_id, csv=csv,
+        )
+    if outcome.kind == "content_needed":
+        raise BatchUnsettled()
     if outcome.kind == "rate_limited":
         raise RateLimited(max(1, -(-outcome.retry_after_ms // 1000)))
     if outcome.kind == "conflict":
@@ -60,3 +84,8 @@ def submit_import(
         sender.send(job_id=job_id, batch_id=batch_id, upload_id=upload_id)
         recorder.mark_sent(job_id)
     return Accepted(job_id, batch_id, outcome.state)
+
+
+#: Calls after a 'content_needed' answer before giving up (503): each round
+#: sees a live job replaced since the round before (retention, a new POST).
+_CONTENT_ROUNDS = 3

@@ -58,8 +58,9 @@ end
 
 local function complete(result_json)
   local progress = '{"phase":"committed","rows":' .. rows .. '}'
+  -- The content key stays with the record its upload leaves (enqueue.lua compares a re-POST with it).
   redis.call('HSET', job_key, 'state', 'completed', 'progress', progress, 'result', result_json,
-    'error', '', 'finishedAt', now, 'updatedAt', now)
+    'error', '', 'finishedAt', now, 'updatedAt', now, 'contentSha256', sha)
   redis.call('DEL', KEYS[11])
   redis.call('ZREM', step.active, job_id)
   index_finished(step, KEYS[10], ARGV[14], owner)

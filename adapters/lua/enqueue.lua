@@ -5,6 +5,11 @@
 -- KEYS[7] P:jobs:owner:<owner>   [console] the owner's index of job records
 -- ARGV[1] jobId  ARGV[2] batchId  ARGV[3] owner  ARGV[4] contentSha256
 -- ARGV[5] uploadId  ARGV[6] nowMs  ARGV[7] csv bytes  ARGV[8] events maxlen
+--   ARGV[4] is the upload's content key (domain/shipment.py content_key), or ''
+--   when the producer did not compute it (it costs a sort of the rows):
+-- ARGV[12] the SHA-256 of the upload's bytes   [identity]
+-- ARGV[13] ARGV[14] a live job's uploadId and that upload's content key, as
+--   the producer computed them after a 'content_needed' answer ('' '' otherwise)
 --
 -- KEYS[8] P:workers  KEYS[9] P:workers:accepts  KEYS[10] P:workers:v<ARGV[9]>
 --   [door] the live workers (presence.lua)
@@ -17,8 +22,8 @@
 --
 -- With the job's dramatiq message (Redis transport, the broker on this Redis):
 -- KEYS[12] <namespace>:<queue>  KEYS[13] <namespace>:<queue>.msgs  KEYS[14] P:jobs:deadline
--- ARGV[12] redis_message_id  ARGV[13] the message as dramatiq's encoder wrote it
--- ARGV[14] waiting grace ms
+-- ARGV[15] redis_message_id  ARGV[16] the message as dramatiq's encoder wrote it
+-- ARGV[17] waiting grace ms
 --   written as dramatiq's RedisBroker.enqueue (its dispatch.lua) writes it:
 --   HSET the data under the id in .msgs, RPUSH the id on the queue list. So
 --   no job ever exists without its message, and no unsent entry is needed;
@@ -27,7 +32,7 @@
 --   Without them the job goes into P:jobs:unsent until the caller marks it sent.
 --
 -- Returns {'created', sent (1|0)} | {'exists', state} | {'conflict', reason}
---   | {'no_worker', '1,3'} | {'rate_limited'}
+--   | {'no_worker', '1,3'} | {'rate_limited'} | {'content_needed', uploadId}
 --   'rate_limited' [rate]: the token is taken first, whatever follows (as
 --   before the body: a replay or a conflict counts too); past the limit
 --   nothing else is read or written.
@@ -35,6 +40,13 @@
 --   (like BullMQ's jobId: enqueueing again is a no-op).
 --   'conflict': the batchId is bound to another owner or other content, in
 --   a live job record or in the durable done marker. The reason stays in logs.
+--   [identity] The same bytes are the same content at once. Other bytes are
+--   compared by content key (the same rows in another order are the same
+--   content): without ARGV[4] the answer is 'content_needed' and nothing is
+--   written; with uploadId when the live job's own content key is not known
+--   either (its producer recorded only its bytes' hash): the producer reads
+--   that upload, and its key, given back in ARGV[13..14] for that very
+--   upload, is kept in the record.
 --   'no_worker' [door]: before anything is written, when live workers exist
 --   and none accepts ARGV[9]; with every version they accept, ascending
 --   (domain/contract.py live_workers_can_run decides the same). Live: a
@@ -50,16 +62,29 @@ if rate_limit > 0 then
   if used > rate_limit then return {'rate_limited'} end
 end
 
-local existing = redis.call('HMGET', job_key, 'state', 'owner', 'contentSha256')
+local raw = ARGV[12]
+local existing = redis.call('HMGET', job_key, 'state', 'owner', 'contentSha256', 'rawSha256', 'uploadId')
 if existing[1] then
   if existing[2] ~= owner then return {'conflict', 'owner'} end
-  if existing[3] ~= sha then return {'conflict', 'content'} end
+  if raw ~= '' and existing[4] == raw then return {'exists', existing[1]} end  -- [identity] the same bytes
+  local stored = existing[3]
+  if not stored or stored == '' then
+    if ARGV[13] == '' or ARGV[13] ~= existing[5] then return {'content_needed', existing[5] or ''} end
+    -- That upload is gone and its content never keyed (a completed job keeps
+    -- its key, apply.lua): it cannot be shown to be the same content.
+    if ARGV[14] == '' then return {'conflict', 'content'} end
+    stored = ARGV[14]
+    redis.call('HSET', job_key, 'contentSha256', stored)
+  end
+  if sha == '' then return {'content_needed', ''} end
+  if stored ~= sha then return {'conflict', 'content'} end
   return {'exists', existing[1]}
 end
 
 local done = redis.call('HMGET', done_key, 'owner', 'contentSha256')
 if done[1] then
   if done[1] ~= owner then return {'conflict', 'owner'} end
+  if sha == '' then return {'content_needed', ''} end  -- [identity] a done marker keeps the content key only
   if done[2] ~= sha then return {'conflict', 'content'} end
 end
 
@@ -68,18 +93,18 @@ if refused then return {'no_worker', refused} end
 
 redis.call('HSET', job_key,
   'id', job_id, 'batchId', batch_id, 'owner', owner, 'state', 'waiting',
-  'attempt', 0, 'contentSha256', sha, 'uploadId', ARGV[5],
+  'attempt', 0, 'contentSha256', sha, 'rawSha256', raw, 'uploadId', ARGV[5],
   'createdAt', ARGV[6], 'updatedAt', ARGV[6])
 redis.call('SET', upload_key, ARGV[7])
 redis.call('ZADD', KEYS[5], ARGV[6], job_id)
 redis.call('ZADD', KEYS[7], ARGV[6], job_id)  -- [console] GET /api/imports
 emit(KEYS[6], ARGV[8], 'waiting', job_id, batch_id, 0, '{}')
 local queue_key, messages_key = KEYS[12], KEYS[13]
-local message_id, message_data = ARGV[12], ARGV[13]
+local message_id, message_data = ARGV[15], ARGV[16]
 if queue_key and message_id then
   redis.call('HSET', messages_key, message_id, message_data)
   redis.call('RPUSH', queue_key, message_id)
-  redis.call('ZADD', KEYS[14], 'NX', tonumber(ARGV[6]) + tonumber(ARGV[14]), job_id)
+  redis.call('ZADD', KEYS[14], 'NX', tonumber(ARGV[6]) + tonumber(ARGV[17]), job_id)
   return {'created', 1}
 end
 redis.call('ZADD', KEYS[4], ARGV[6], job_id)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 
 import pytest
 
-from importer.domain.shipment import job_id_for
+from importer.domain.shipment import content_key, job_id_for
 from tests.integration.support import FIXTURES, System, free_port, queued_messages, stored_messages, wait_for
 
 pytestmark = pytest.mark.integration
@@ -89,6 +90,33 @@ def test_same_batch_id_with_other_content_is_a_conflict(system: System) -> None:
     status, problem = system.post_csv("conflict-1", other)
     assert status == 409 and problem["code"] == "batch.conflict"
     assert system.store().stock_of(list(SEED_SKUS)) == SEED_SKUS
+
+
+def test_a_waiting_batch_is_the_same_content_in_any_row_order_and_other_rows_conflict(make_system: object) -> None:
+    """The POST hashes a new batch's bytes only; a later POST with other bytes
+    is compared by content, the waiting job's own upload read for it."""
+    system: System = make_system()  # type: ignore[operator]
+    system.start_http()  # no worker: the job stays waiting
+    assert system.post_csv("identity-1", SEED)[0] == 202
+    store = system.store()
+    key = store.keys.job("shipment-identity-1")
+    assert store.client.hget(key, "contentSha256") == b""  # not computed for a new batch
+    assert store.client.hget(key, "rawSha256") == hashlib.sha256(SEED).hexdigest().encode()
+
+    assert system.post_csv("identity-1", SEED) == (202, {"jobId": "shipment-identity-1", "batchId": "identity-1", "state": "waiting"})
+    quoted = b'\xef\xbb\xbf"sku","quantity"\r\n"SPROCKET-07",5\r\nGADGET-BLU-02,25\r\nWIDGET-RED-01,10\r\n'
+    assert system.post_csv("identity-1", quoted)[0] == 202
+    assert store.client.hget(key, "contentSha256") == content_key(SEED).encode()  # kept once compared
+    status, problem = system.post_csv("identity-1", SEED.replace(b",25", b",26"))
+    assert status == 409 and problem["code"] == "batch.conflict"
+    assert system.request("POST", "/api/imports?batchId=identity-1", body=SEED, ctype="text/csv", key=system.other_key)[0] == 409
+
+    system.start_worker()
+    assert system.wait_state("shipment-identity-1")["result"] == {"imported": 3, "batchId": "identity-1"}
+    # The done marker holds the worker's content key, as before.
+    assert system.request("GET", "/api/shipments/identity-1")[0] == 200
+    assert store.client.hget(store.keys.done("identity-1"), "contentSha256") == content_key(SEED).encode()
+    assert store.generation() == 1
 
 
 def test_the_worker_refuses_a_conflict_that_got_past_the_door(system: System) -> None:

@@ -5,7 +5,7 @@ A dict-backed JobStore and a list-backed MessageSender; no mocks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from importer.domain.contract import live_workers_can_run
 from importer.domain.jobs import JobRecord, JobState, RejectionReport, ShipmentRecord
@@ -47,6 +47,8 @@ class FakeStore:
     #: The door check: the live workers' accepted versions (worker id -> versions), the producer's version.
     workers: dict[str, frozenset[int]] = field(default_factory=dict)
     producer_version: int = 1
+    #: jobId -> the SHA-256 of its upload's bytes (the record's rawSha256).
+    raw_hashes: dict[str, str] = field(default_factory=dict)
 
     def _call(self, name: str) -> None:
         self.calls.append(name)
@@ -55,28 +57,54 @@ class FakeStore:
 
     def enqueue(
         self, *, job_id: str, batch_id: str, owner: str, content_sha256: str, upload_id: str, csv: bytes,
-        rate_token: bool = False,
+        raw_sha256: str = "", stored_content: tuple[str, str] | None = None, rate_token: bool = False,
     ) -> EnqueueOutcome:
+        """As enqueue.lua decides (its [rate], [identity] and [door] steps, in its order)."""
         self._call("enqueue")
         if rate_token:
             self.rate_tokens.append(owner)
             if self.rate_wait_ms:
                 return EnqueueOutcome("rate_limited", retry_after_ms=self.rate_wait_ms)
         existing = self.jobs.get(job_id)
-        if existing is None:
-            if not live_workers_can_run(self.producer_version, list(self.workers.values())):
-                accepted = frozenset().union(*self.workers.values())
-                return EnqueueOutcome("no_worker", producer_version=self.producer_version, workers_accept=accepted)
-            self.jobs[job_id] = JobRecord(
-                id=job_id, batch_id=batch_id, owner=owner, state="waiting", attempt=0,
-                progress=None, result=None, error=None, created_at_ms=NOW_MS, updated_at_ms=NOW_MS,
-                content_sha256=content_sha256, upload_id=upload_id,
-            )
-            self.uploads[upload_id] = csv
-            return EnqueueOutcome("created", "waiting", sent=self.sends_with_record)
-        if existing.owner == owner and existing.content_sha256 == content_sha256:
-            return EnqueueOutcome("exists", existing.state)
-        return EnqueueOutcome("conflict")
+        if existing is not None:
+            if existing.owner != owner:
+                return EnqueueOutcome("conflict")
+            if raw_sha256 and self.raw_hashes.get(job_id) == raw_sha256:
+                return EnqueueOutcome("exists", existing.state)
+            stored = existing.content_sha256
+            if not stored:
+                if stored_content is None or stored_content[0] != existing.upload_id:
+                    return EnqueueOutcome("content_needed", stored_upload_id=existing.upload_id)
+                if not stored_content[1]:
+                    return EnqueueOutcome("conflict")  # that upload is gone: not shown to be the same
+                stored = stored_content[1]
+                self.jobs[job_id] = replace(existing, content_sha256=stored)
+            if not content_sha256:
+                return EnqueueOutcome("content_needed")
+            return EnqueueOutcome("exists", existing.state) if stored == content_sha256 else EnqueueOutcome("conflict")
+        marker = self.shipments.get(batch_id)
+        if marker is not None:
+            if marker.owner != owner:
+                return EnqueueOutcome("conflict")
+            if not content_sha256:
+                return EnqueueOutcome("content_needed")
+            if marker.content_sha256 != content_sha256:
+                return EnqueueOutcome("conflict")
+        if not live_workers_can_run(self.producer_version, list(self.workers.values())):
+            accepted = frozenset().union(*self.workers.values())
+            return EnqueueOutcome("no_worker", producer_version=self.producer_version, workers_accept=accepted)
+        self.jobs[job_id] = JobRecord(
+            id=job_id, batch_id=batch_id, owner=owner, state="waiting", attempt=0,
+            progress=None, result=None, error=None, created_at_ms=NOW_MS, updated_at_ms=NOW_MS,
+            content_sha256=content_sha256, upload_id=upload_id,
+        )
+        self.raw_hashes[job_id] = raw_sha256
+        self.uploads[upload_id] = csv
+        return EnqueueOutcome("created", "waiting", sent=self.sends_with_record)
+
+    def read_upload(self, upload_id: str) -> bytes | None:
+        self._call("read_upload")
+        return self.uploads.get(upload_id)
 
     def take_rate_token(self, owner: str) -> int:
         if self.failure is not None:

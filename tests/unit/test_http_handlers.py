@@ -8,6 +8,7 @@ checked against PEP 3333 on each request.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from collections.abc import Iterable, Iterator
@@ -311,6 +312,12 @@ def test_invalid_csv_content_is_still_accepted_for_the_worker_to_fail(h: Harness
     result = h.post_csv(bad, "b-7")
 
     assert result.status == 202
+    # Its content key is not computed for a new batch, only its bytes' hash...
+    assert h.store.jobs["shipment-b-7"].content_sha256 == ""
+    assert h.store.raw_hashes["shipment-b-7"] == hashlib.sha256(bad.encode()).hexdigest()
+    # ... and an invalid file's content is its bytes: the same bytes again are the same job, a fixed file is other content.
+    assert h.post_csv(bad, "b-7").status == 202
+    assert_problem(h.post_csv(VALID_CSV, "b-7"), 409, "batch.conflict")
     assert h.store.jobs["shipment-b-7"].content_sha256.startswith("bytes:")
     assert len(h.sender.sent) == 1
 

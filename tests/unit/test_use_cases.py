@@ -8,7 +8,9 @@ from importer.domain.contract import encode_message
 from importer.domain.run_import import PermanentImportFailure, run_import
 from importer.domain.errors import BatchConflict, RateLimited
 from importer.domain.submit_import import submit_import
+from importer.domain.jobs import ShipmentRecord
 from importer.domain.ports import EnqueueOutcome
+from importer.domain.shipment import content_key
 from tests.unit.fakes import EventRecorder, FakeAttemptStore, FakeSender, FakeStore
 
 CSV = b"sku,quantity\nA-1,3\nB-2,4\n"
@@ -28,7 +30,46 @@ def test_submit_records_then_sends_then_marks_sent_once() -> None:
     assert (first.job_id, first.state) == ("shipment-b-1", "waiting")  # type: ignore[attr-defined]
     assert again == first
     assert [m.job_id for m in sender.sent] == ["shipment-b-1"]
-    assert store.calls == ["enqueue", "mark_sent", "enqueue"]
+    # Other bytes: the contents are compared, the stored upload's read once.
+    assert store.calls == ["enqueue", "mark_sent", "enqueue", "read_upload", "enqueue"]
+
+
+def test_submit_hashes_only_the_bytes_of_a_new_batch_and_of_a_retry() -> None:
+    store, sender = FakeStore(sends_with_record=True), FakeSender()
+
+    first = submit(store, sender)
+    retry = submit(store, sender)  # the same bytes
+
+    assert retry == first
+    assert store.calls == ["enqueue", "enqueue"]  # one store call per POST, no content key asked for
+    assert store.jobs["shipment-b-1"].content_sha256 == ""  # computed only when needed
+
+
+def test_submit_compares_contents_once_and_keeps_the_stored_key() -> None:
+    store, sender = FakeStore(sends_with_record=True), FakeSender()
+    submit(store, sender)
+    reordered = b"sku,quantity\nB-2,4\nA-1,3\n"
+
+    assert submit(store, sender, csv=reordered).state == "waiting"  # type: ignore[attr-defined]
+    assert store.jobs["shipment-b-1"].content_sha256 == content_key(CSV, 100)  # kept in the record
+    store.calls.clear()
+    assert submit(store, sender, csv=b"sku,quantity\r\nA-1,3\r\nB-2,4\r\n").state == "waiting"  # type: ignore[attr-defined]
+    assert store.calls == ["enqueue", "enqueue"]  # the stored upload is not read again
+    with pytest.raises(BatchConflict):
+        submit(store, sender, csv=b"sku,quantity\nB-2,4\nA-1,4\n")
+
+
+def test_submit_after_retention_compares_with_the_done_marker() -> None:
+    store, sender = FakeStore(sends_with_record=True), FakeSender()
+    store.shipments["b-1"] = ShipmentRecord("b-1", "owner-a", 1, {"imported": 2, "batchId": "b-1"}, content_key(CSV, 100), "shipment-b-1")
+
+    replay = submit(store, sender, csv=b"sku,quantity\nB-2,4\nA-1,3\n")  # the applied rows, reordered: a replay job
+
+    assert replay.state == "waiting"  # type: ignore[attr-defined]
+    assert store.calls == ["enqueue", "enqueue"]
+    del store.jobs["shipment-b-1"]
+    with pytest.raises(BatchConflict):
+        submit(store, sender, csv=b"sku,quantity\nA-1,9\n")
 
 
 def test_submit_sends_nothing_when_the_store_wrote_the_message_with_the_record() -> None:
