@@ -68,10 +68,22 @@ def cmd_worker(args: argparse.Namespace) -> int:
         "--worker-shutdown-timeout", str(int(settings.worker_shutdown_timeout_s * 1000)),
         "--skip-logging", "--path", str(ROOT),
     ]
+    os.execve(sys.executable, argv, worker_env(args, settings))
+    return 0  # not reached
+
+
+def worker_env(args: argparse.Namespace, settings: Settings, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment ``importer worker`` gives dramatiq and its worker processes."""
     overrides: dict[str, str] = {}
     defaults: dict[str, str] = {}
     if settings.allow_eviction:
         overrides["IMPORTER_ALLOW_EVICTION"] = "1"
+    # An idle consumer polls with a backoff up to dramatiq's worker timeout
+    # (1 s by default): an import sent to an idle worker waited up to that long
+    # before it started (bench/run.py "202 -> active seen": 125-310 ms). 100 ms
+    # bounds that wait; idle, each process then polls its queues 10 times a
+    # second (a fetch script of a few microseconds on an empty queue).
+    defaults["dramatiq_worker_timeout"] = "100"
     # dramatiq prefetches 2 x threads messages by default; see README (Performance).
     if args.prefetch:
         overrides["dramatiq_queue_prefetch"] = str(args.prefetch)
@@ -86,8 +98,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         defaults["dramatiq_prom_db"] = os.path.join(tempfile.gettempdir(), f"importer-prometheus-{metrics_port}")
     # dramatiq's main process supervises the worker processes; each of them
     # stops by itself if that process dies (adapters/worker_entry.py).
-    os.execve(sys.executable, argv, child_env(overrides, defaults=defaults))
-    return 0  # not reached
+    return child_env(overrides, defaults=defaults, env=env)
 
 
 def cmd_events(args: argparse.Namespace) -> int:

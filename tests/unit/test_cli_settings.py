@@ -55,3 +55,15 @@ def test_the_demo_csv_of_an_installed_package_is_the_fixture() -> None:
     from importer.adapters.cli_processes import DEMO_CSV, DEMO_FIXTURE
 
     assert DEMO_FIXTURE.read_bytes() == DEMO_CSV
+
+
+def test_importer_worker_bounds_the_idle_poll_unless_the_operator_set_it() -> None:
+    """An idle dramatiq consumer waits up to its worker timeout between polls:
+    importer worker makes that 100 ms (dramatiq's own default is 1 s)."""
+    from importer.adapters.cli_processes import worker_env
+
+    args = build_parser().parse_args(["worker"])
+    settings = Settings.from_env({"IMPORTER_REDIS_URL": "redis://127.0.0.1:1/0"})
+    assert worker_env(args, settings, env={})["dramatiq_worker_timeout"] == "100"
+    assert worker_env(args, settings, env={"dramatiq_worker_timeout": "250"})["dramatiq_worker_timeout"] == "250"
+    assert worker_env(args, settings, env={})["dramatiq_queue_prefetch"] == "64"  # the measured default
