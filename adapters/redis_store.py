@@ -143,11 +143,20 @@ class ImporterRedis(redis.Redis):
     @staticmethod
     def _send_script(connection: Any, script: Any, keys: list[Any], args: list[Any]) -> Any:
         try:
-            connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
-            return connection.read_response()
-        except redis.exceptions.NoScriptError:
-            connection.send_command("EVAL", script.script, len(keys), *keys, *args)
-            return connection.read_response()
+            try:
+                connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                return connection.read_response()
+            except redis.exceptions.NoScriptError:
+                connection.send_command("EVAL", script.script, len(keys), *keys, *args)
+                return connection.read_response()
+        except redis.ResponseError:
+            raise  # an error reply, read whole: the connection is in step
+        except BaseException:
+            # Anything else between the send and the end of the reply (an
+            # asynchronous TimeLimitExceeded, a signal) may leave the reply
+            # unread: it must never be read as the next call's.
+            connection.disconnect()
+            raise
 
     def _thread_connection(self) -> Any:
         connection = getattr(self._own, "connection", None)
