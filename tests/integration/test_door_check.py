@@ -117,6 +117,8 @@ def test_two_workers_of_different_versions(make_system: Any) -> None:
     wait_for(lambda: request_id in new.log(), 10, message="the request id in the worker's log")
 
     # A worker that stops cleanly leaves at once: no worker alive, and a POST is accepted and waits.
+    # (First the killed old one's window passes: it said no goodbye.)
+    wait_for(lambda: health_workers(system)["alive"] == 1, 10, message="the killed worker's window to pass")
     new.stop()
     assert health_workers(system) == {"alive": 0, "acceptedVersions": [], "producerVersion": 2, "acceptsImports": True}
     status, _, body = post(system, "door-2")
