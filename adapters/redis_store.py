@@ -101,7 +101,7 @@ class ImporterRedis(redis.Redis):
         self._own = threading.local()
         self._own_lock = threading.Lock()
         self._own_connections: list[Any] = []
-        _drop_after_fork(self)
+        _FORKED_CLIENTS.add(self)  # forgets its threads' connections in a forked child
 
     def execute_command(self, *args: Any, **options: Any) -> Any:
         # Outside redis-py's retry wrapper on purpose: a refused command is not retried here.
@@ -184,10 +184,6 @@ class ImporterRedis(redis.Redis):
 
 
 _FORKED_CLIENTS: "weakref.WeakSet[ImporterRedis]" = weakref.WeakSet()
-
-
-def _drop_after_fork(client: ImporterRedis) -> None:
-    _FORKED_CLIENTS.add(client)
 
 
 def _after_fork_in_child() -> None:

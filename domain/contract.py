@@ -98,9 +98,10 @@ def encode_message(
 
 
 def _plainly_valid(body: Mapping[str, object]) -> bool:
-    """The schema's rules for a body :func:`encode_message` built, checked
-    without the schema machinery (it was a tenth of a POST's Python time).
-    False sends the body through the schema, for its error message."""
+    """The schema's rules for a message body's fields, checked without the
+    schema machinery (a tenth of a POST's Python time, a third of a small
+    import's on the worker). False sends the body through the schema, for
+    its error message."""
     job_id, batch_id, upload_id = body["jobId"], body["batchId"], body["uploadId"]
     request_id = body.get("requestId")
     return (
@@ -136,16 +137,9 @@ def _plain_v1(payload: Mapping[str, object]) -> ImportMessage | None:
     of a small import's Python time on the worker went to it): exactly the
     schema's fields, each passing the schema's own rules. None for anything
     else, which the schema then reads, for its error message."""
-    if payload.keys() != _V1_FIELDS:
+    if payload.keys() != _V1_FIELDS or not _plainly_valid(payload):
         return None
-    job_id, batch_id, upload_id = payload["jobId"], payload["batchId"], payload["uploadId"]
-    if (
-        type(job_id) is str and 1 <= len(job_id) <= 128
-        and type(batch_id) is str and is_valid_batch_id(batch_id)
-        and type(upload_id) is str and _UPLOAD_ID.fullmatch(upload_id) is not None
-    ):
-        return ImportMessage(1, job_id, batch_id, upload_id)
-    return None
+    return ImportMessage(1, payload["jobId"], payload["batchId"], payload["uploadId"])  # type: ignore[arg-type]
 
 
 def job_id_of(payload: object) -> str | None:

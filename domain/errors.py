@@ -128,6 +128,11 @@ class RateLimited(DomainError):
         super().__init__(f"retry after {retry_after_s} s")
         self.retry_after_s = retry_after_s
 
+    @classmethod
+    def after_ms(cls, wait_ms: int) -> "RateLimited":
+        """Refused until the window ends in ``wait_ms``: Retry-After in whole seconds, at least 1."""
+        return cls(max(1, -(-wait_ms // 1000)))
+
 
 class BatchUnsettled(DomainError):
     """The batch's live job changed again and again while its content was

@@ -61,21 +61,23 @@ def submit_import(
     )
     # Known with other bytes: compare contents. At most a few rounds (the
     # live job may change between two calls: then it is looked at again).
+    key = ""
     for _ in range(_CONTENT_ROUNDS):
         if outcome.kind != "content_needed":
             break
+        key = key or content_key(csv, max_rows)
         stored = None
         if outcome.stored_upload_id:
             stored_csv = recorder.read_upload(outcome.stored_upload_id)
             stored = (outcome.stored_upload_id, content_key(stored_csv, max_rows) if stored_csv is not None else "")
         outcome = recorder.enqueue(
-            job_id=job_id, batch_id=batch_id, owner=owner, content_sha256=content_key(csv, max_rows),
+            job_id=job_id, batch_id=batch_id, owner=owner, content_sha256=key,
             raw_sha256=raw, stored_content=stored, upload_id=upload_id, csv=csv,
         )
     if outcome.kind == "content_needed":
         raise BatchUnsettled()
     if outcome.kind == "rate_limited":
-        raise RateLimited(max(1, -(-outcome.retry_after_ms // 1000)))
+        raise RateLimited.after_ms(outcome.retry_after_ms)
     if outcome.kind == "conflict":
         raise BatchConflict()
     if outcome.kind == "no_worker":

@@ -201,7 +201,7 @@ def take_rate_token(api: Api, req: Request) -> None:
         return
     wait_ms = api.store.take_rate_token(req.owner or "")
     if wait_ms:
-        raise RateLimited(max(1, -(-wait_ms // 1000)))
+        raise RateLimited.after_ms(wait_ms)
 
 
 def enqueue(api: Api, req: Request) -> Response:
