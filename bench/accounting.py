@@ -15,6 +15,7 @@ import redis
 
 from bench.common import (
     BenchError,
+    end_slowlog,
     log,
     script_names,
     slowlog_words,
@@ -174,9 +175,8 @@ def server_time_by_command(b: Bench, which: str, n: int) -> dict[str, tuple[int,
             time.sleep(0.02)
         entries = b.client.slowlog_get(-1)
     finally:
-        b.client.config_set("slowlog-log-slower-than", 10000)
         b.procs.stop(proc)
-        b.client.slowlog_reset()
+        end_slowlog(b.client)
         b.flush()
     totals: dict[str, list[int]] = {}
     for entry in entries:

@@ -21,6 +21,7 @@ from bench.common import (
     BenchError,
     children,
     csv_rows,
+    end_slowlog,
     log,
     new_prefix,
     script_names,
@@ -140,7 +141,7 @@ def large_once(b: Bench, which: str, body: bytes) -> dict[str, float]:
         peak_http = max(vm_kib(p) or 0 for p in (children(s.serve.popen.pid) if not s.peer else s.http_pids) or s.http_pids)
         peak_worker = max(vm_kib(p) or 0 for p in (children(s.worker.popen.pid) if not s.peer else s.worker_pids) or s.worker_pids)
         entries = b.client.slowlog_get(-1)
-        b.client.config_set("slowlog-log-slower-than", 10000)
+        end_slowlog(b.client)
         if state != "completed":
             raise BenchError(f"large import {state}: {s.error(b.client)!r}")
         sha_names = b.peer.script_names() if s.peer and b.peer is not None else script_names()
@@ -203,7 +204,7 @@ def large_baselines(b: Bench, rows: int, bare_port: int | None, body: bytes) -> 
     client.slowlog_reset()
     client.eval(script, 1, key + "2", *args)
     eval_us = max((int(e["duration"]) for e in client.slowlog_get(-1) if slowlog_words(e)[0] == "EVAL"), default=0)
-    client.config_set("slowlog-log-slower-than", 10000)
+    end_slowlog(client)
     client.delete(key, key + "2")
     client.close()
     out = {"hincrby_pipeline_ms": pipeline_ms, "eval_hincrby_ms": eval_us / 1000}
