@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from importer.domain.errors import explain
+from importer.handlers.ids import random_hex
 from importer.handlers.problems import ApiError, status_of
 
 PROBLEM_TYPE_BASE = "https://importer.example/problems/"
@@ -29,7 +29,7 @@ def request_id_from(headers: Mapping[str, str]) -> str:
     incoming = headers.get("x-request-id", "")
     if _SANE_REQUEST_ID.fullmatch(incoming):
         return incoming
-    return uuid.uuid4().hex
+    return random_hex()
 
 
 @dataclass(frozen=True, slots=True)

@@ -578,3 +578,32 @@ def test_the_http_sides_redis_packer_sends_an_upload_without_copying_it() -> Non
         "EVALSHA", "abc", 1, "key", upload, 7))
     small = packer.pack("GET", "key")
     assert b"".join(small) == b"*2\r\n$3\r\nGET\r\n$3\r\nkey\r\n"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("EVALSHA", "a" * 40, 2, "{p}:job:1", "{p}:up:1", b"sku,quantity\nA,1\n", 7, 1.5, "naïve ✓"),
+        ("SCRIPT LOAD", "return 1"),
+        (b"GET", "key"),
+        (b"CONFIG GET", "maxmemory"),
+        ("SET", "key", bytearray(b"value"), "EX", 10),
+        ("SET", "key", memoryview(b"value")),
+        ("HSET", "h", "f", -3, "g", 0),
+    ],
+)
+def test_the_http_sides_redis_packer_packs_small_commands_as_hiredis_does(args: tuple[Any, ...]) -> None:
+    from redis.connection import HiredisRespSerializer
+
+    from importer.adapters.bootstrap import LargeValuePacker
+
+    assert b"".join(LargeValuePacker().pack(*args)) == b"".join(HiredisRespSerializer().pack(*args))
+
+
+def test_the_http_sides_redis_packer_refuses_what_redis_py_refuses() -> None:
+    from redis.exceptions import DataError
+
+    from importer.adapters.bootstrap import LargeValuePacker
+
+    with pytest.raises(DataError):
+        LargeValuePacker().pack("SET", "key", {"not": "a value"})
