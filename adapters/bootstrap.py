@@ -49,11 +49,13 @@ def clock_ms() -> int:
 
 
 class LargeValuePacker:
-    """redis-py's command packer for the HTTP side: hiredis's (fast) for
+    """The command packer of every Importer client: hiredis's (fast) for
     ordinary commands, redis-py's own for a command carrying a large value
     (an upload, in enqueue.lua's arguments). hiredis packs every argument
     into one new bytes object, a copy of the upload; redis-py's own packer
-    sends a large value as its own buffer."""
+    sends a large value as its own buffer. An ordinary command goes to
+    hiredis without redis-py's two passes over its arguments (the worker's
+    one-step script has about 60)."""
 
     LARGE = 64 * 1024
 
@@ -92,7 +94,7 @@ class LargeValuePacker:
         return self.fast.pack(*args)  # type: ignore[no-any-return]
 
 
-def redis_client(settings: Settings, *, large_values: bool = False) -> redis.Redis:
+def redis_client(settings: Settings) -> redis.Redis:
     """A client whose every call waits at most IMPORTER_REDIS_SOCKET_TIMEOUT.
 
     A paused Redis must not hang a request or a worker thread (dramatiq's
@@ -103,8 +105,7 @@ def redis_client(settings: Settings, *, large_values: bool = False) -> redis.Red
     with its own wait, before the command on an idle connection. Here: one
     retry, on ConnectionError only (a pooled connection that a restarted Redis
     closed fails at once and is reopened); a timeout is never retried; no
-    health-check PING. ``large_values``: the client sends uploads (the HTTP
-    side): see LargeValuePacker.
+    health-check PING. Commands are packed by LargeValuePacker.
     """
     if not settings.redis_url:
         raise SettingsError("IMPORTER_REDIS_URL is not set (only `importer dev` starts an embedded server)")
@@ -115,7 +116,7 @@ def redis_client(settings: Settings, *, large_values: bool = False) -> redis.Red
         socket_connect_timeout=min(timeout, 5.0),
         retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
         health_check_interval=0,
-        **({"command_packer": LargeValuePacker()} if large_values else {}),
+        command_packer=LargeValuePacker(),
     )
 
 
@@ -168,7 +169,7 @@ class HttpSide:
 
 def build_http(settings: Settings) -> HttpSide:
     bound_large_allocations()
-    client = redis_client(settings, large_values=True)
+    client = redis_client(settings)
     broker = build_broker(settings, client)
     queue = ImportQueue(broker, settings)
     # On the Redis transport the message is written with the job record, in

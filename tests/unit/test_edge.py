@@ -592,7 +592,7 @@ def test_the_http_sides_redis_packer_sends_an_upload_without_copying_it() -> Non
         ("HSET", "h", "f", -3, "g", 0),
     ],
 )
-def test_the_http_sides_redis_packer_packs_small_commands_as_hiredis_does(args: tuple[Any, ...]) -> None:
+def test_the_redis_packer_packs_small_commands_as_hiredis_does(args: tuple[Any, ...]) -> None:
     from redis.connection import HiredisRespSerializer
 
     from importer.adapters.bootstrap import LargeValuePacker
@@ -600,10 +600,20 @@ def test_the_http_sides_redis_packer_packs_small_commands_as_hiredis_does(args: 
     assert b"".join(LargeValuePacker().pack(*args)) == b"".join(HiredisRespSerializer().pack(*args))
 
 
-def test_the_http_sides_redis_packer_refuses_what_redis_py_refuses() -> None:
+def test_the_redis_packer_refuses_what_redis_py_refuses() -> None:
     from redis.exceptions import DataError
 
     from importer.adapters.bootstrap import LargeValuePacker
 
     with pytest.raises(DataError):
         LargeValuePacker().pack("SET", "key", {"not": "a value"})
+
+
+def test_every_importer_redis_client_packs_with_the_large_value_packer() -> None:
+    """The worker's clients too: its one-step script's ~60 arguments skip redis-py's two passes."""
+    from importer.adapters.bootstrap import LargeValuePacker, redis_client
+    from importer.adapters.settings import Settings
+
+    client = redis_client(Settings.from_env({"IMPORTER_REDIS_URL": "redis://127.0.0.1:1/0"}))
+    connection = client.connection_pool.make_connection()
+    assert isinstance(connection._command_packer, LargeValuePacker)
