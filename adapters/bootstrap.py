@@ -76,13 +76,10 @@ class LargeValuePacker:
         plain = True  # only str, bytes and numbers, none of them large: hiredis as it is
         for arg in args:
             kind = type(arg)
-            if kind is bytes:
+            if kind is bytes or kind is bytearray or kind is memoryview:
                 if len(arg) > self.LARGE:
                     return self.plain.pack(*args)  # type: ignore[no-any-return]
-            elif kind is bytearray or kind is memoryview:
-                if len(arg) > self.LARGE:
-                    return self.plain.pack(*args)  # type: ignore[no-any-return]
-                plain = False
+                plain = plain and kind is bytes
         first = args[0]
         if plain and self._hiredis is not None and type(first) is str and " " not in first:
             # What HiredisRespSerializer.pack does for such a command, without its two

@@ -208,7 +208,6 @@ def slowlog_words(entry: dict[str, Any]) -> tuple[str, str]:
     return words[0].upper(), words[1].lower()
 
 
-
 def end_slowlog(client: Any) -> None:
     """Stop logging every command and free the log now, while nothing is timed.
 
