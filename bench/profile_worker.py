@@ -5,10 +5,12 @@ middleware hooks, the actor, the ack), optionally under cProfile.
 
     .venv/bin/python bench/profile_worker.py [--n 4000] [--profile] [--top 30]
         [--one-step-max-bytes B]   (IMPORTER_ONE_STEP_MAX_BYTES for the worker; 0 = separate steps)
+        [--commandstats]           (the server's time per command per import, script-internal included)
 
 It starts its own valkey (the bench's) and pre-enqueues through Importer's producer path.
 Prints imports/s of the single thread, its CPU per import (process time: the Python work
-plus the socket system calls), and with --profile the top functions by own and cumulative
+plus the socket system calls), the server's CPU per import (its main process; AOF
+rewrites run in children) and its AOF bytes per import, and with --profile the top functions by own and cumulative
 time. Without GIL contention between threads, so the figures are a floor of what a
 worker thread costs.
 """
@@ -28,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import QUEUE, csv_3rows, new_prefix  # noqa: E402
+from bench.common import QUEUE, cpu_seconds, cpu_seconds_incl_waited, csv_3rows, new_prefix  # noqa: E402
 from bench.producer import preenqueue_importer  # noqa: E402
 from bench.servers import Bench, Config  # noqa: E402
 
@@ -39,6 +41,8 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--one-step-max-bytes", type=int, default=None)
+    ap.add_argument("--commandstats", action="store_true",
+                    help="print the server's time per command per import (INFO commandstats, script-internal commands included)")
     a = ap.parse_args()
     cfg = Config(
         repeat=1, quick=True, drain_ns=[a.n], processes=1, threads=1, prefetch=64,
@@ -61,7 +65,10 @@ def main() -> int:
         actor = broker.get_actor("import_shipment")
         done = 0
         profiler = cProfile.Profile() if a.profile else None
+        b.client.config_resetstat()
         t0, c0 = time.perf_counter(), time.process_time()
+        s0, sw0 = cpu_seconds(b.server_pid), cpu_seconds_incl_waited(b.server_pid)
+        aof0 = b.client.info("persistence")
         if profiler:
             profiler.enable()
         for message in consumer:
@@ -83,8 +90,21 @@ def main() -> int:
         if profiler:
             profiler.disable()
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        server = cpu_seconds(b.server_pid) - s0
+        server_children = cpu_seconds_incl_waited(b.server_pid) - sw0 - server
+        aof1 = b.client.info("persistence")
+        if aof1.get("aof_rewrites") == aof0.get("aof_rewrites") and "aof_current_size" in aof1:
+            print(f"AOF: {(aof1['aof_current_size'] - aof0['aof_current_size']) / a.n:,.0f} bytes/import")
         print(f"{a.n / wall:,.0f} imports/s in one thread, CPU {cpu * 1000 / a.n:.3f} ms/import "
-              f"(wall {wall * 1000 / a.n:.3f} ms/import){' under cProfile' if profiler else ''}")
+              f"(wall {wall * 1000 / a.n:.3f} ms/import){' under cProfile' if profiler else ''}; "
+              f"Redis server CPU {server * 1e6 / a.n:.0f} µs/import "
+              f"(+{server_children * 1e6 / a.n:.0f} µs in its finished children: AOF rewrites)")
+        if a.commandstats:
+            stats = sorted(b.client.info("commandstats").items(), key=lambda kv: -kv[1]["usec"])
+            print(f"{'command':<28} {'calls/import':>12} {'µs/call':>8} {'µs/import':>10}")
+            for name, st in stats:
+                print(f"{name.removeprefix('cmdstat_'):<28} {st['calls'] / a.n:>12.2f} {st['usec_per_call']:>8.2f} {st['usec'] / a.n:>10.1f}")
+            print(f"{'all':<28} {sum(st['calls'] for _, st in stats) / a.n:>12.2f} {'':>8} {sum(st['usec'] for _, st in stats) / a.n:>10.1f}")
         if profiler:
             stats = pstats.Stats(profiler)
             stats.sort_stats("tottime").print_stats(a.top)
