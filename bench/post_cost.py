@@ -60,14 +60,20 @@ _ACCEPTED = b'{"jobId":"shipment-x","batchId":"x","state":"waiting"}'
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
+def baseline_call(prefix: str, body: bytes) -> tuple[list[str], list[Any]]:
+    """BASELINE_SCRIPT's KEYS and ARGV for one POST of ``body`` (a new job each time)."""
+    ident = uuid.uuid4().hex
+    keys = [f"{prefix}job:{ident}", f"{prefix}up:{ident}", f"{prefix}ev", f"{prefix}msgs", f"{prefix}q"]
+    return keys, [ident, "owner", "0" * 64, body, "m" * 300]
+
+
 def bare_app(client: redis.Redis) -> WsgiApp:
     script = client.register_script(BASELINE_SCRIPT)
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         body = environ["wsgi.input"].read(int(environ["CONTENT_LENGTH"]))
-        ident = uuid.uuid4().hex
-        script(keys=[f"{{b}}:job:{ident}", f"{{b}}:up:{ident}", "{b}:ev", "{b}:msgs", "{b}:q"],
-               args=[ident, "owner", "0" * 64, body, "m" * 300])
+        keys, args = baseline_call("{b}:", body)
+        script(keys=keys, args=args)
         start_response("202 Accepted", [("Content-Type", "application/json"), ("Content-Length", str(len(_ACCEPTED)))])
         return [_ACCEPTED]
 

@@ -30,10 +30,11 @@ if str(ROOT) not in sys.path:
 
 from bench.common import BIN, free_port, log  # noqa: E402
 from bench.http_load import find_wrk, run_wrk  # noqa: E402
+from bench.procs import Proc  # noqa: E402
 from bench.servers import Bench, Config  # noqa: E402
 
 
-def start(b: Bench, model: str, workers: int, threads: int) -> tuple[object, int]:
+def start(b: Bench, model: str, workers: int, threads: int) -> tuple[Proc, int]:
     port = free_port()
     argv = [
         str(BIN / "granian"), "--interface", model, "--host", "127.0.0.1", "--port", str(port),
@@ -74,7 +75,7 @@ def main() -> int:
                     run_wrk(b, port, 2, f"warm{rep}{model}")
                     fig = run_wrk(b, port, a.seconds, f"r{rep}{model}")
                 finally:
-                    b.procs.stop(proc)  # type: ignore[arg-type]
+                    b.procs.stop(proc)
                 b.flush()
                 figures[model].append(fig)
                 log(f"{model} rep {rep + 1}: {fig['rps']:,.0f} req/s, p50 {fig['p50_ms']:.2f} ms, p99 {fig['p99_ms']:.2f} ms")

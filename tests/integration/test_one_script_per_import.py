@@ -100,8 +100,9 @@ def test_the_worker_calls_and_the_events_of_one_import(make_system: Any, bound: 
     system.start_worker(threads=1)
     # In the server's script cache already, as after any earlier import: a first
     # EVALSHA answered NOSCRIPT would be counted as a second call.
+    client = redis.Redis.from_url(system.redis_url)
     for name in ("start", "apply", "start_apply", "fail"):
-        redis.Redis.from_url(system.redis_url).script_load(lua_source(name))
+        client.script_load(lua_source(name))
     monitor = Monitor(system)
     try:
         assert system.post_csv("one-1", SEED)[0] == 202
