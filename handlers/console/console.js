@@ -297,7 +297,9 @@
     renderJob(mine.record);
     $("job-section").scrollIntoView({ block: "nearest" });
     let lastId = "";
-    let finished = FINAL.has(mine.record.state);
+    // Open the stream even for a job that has already finished: it replays the
+    // stored events (the log shows how the job got there) and ends after the last.
+    let finished = false;
     while (following === mine && !finished) {
       let response;
       try {
