@@ -22,12 +22,13 @@ from bench.common import (
     new_prefix,
 )
 from bench.procs import Proc
-from bench.report import peer_at_least, peer_at_most
+from bench.report import median, peer_at_least, peer_at_most, ratio_of
 
 if TYPE_CHECKING:
     from bench.servers import Bench
 
 FIELD = {"importer": "imp", "peer": "peer", "bare": "base"}
+FLOOR = "bare WSGI app + one EVALSHA like enqueue.lua's, granian, same processes × threads"
 
 
 def find_wrk(b: Bench) -> str | None:
@@ -82,6 +83,8 @@ def start(b: Bench, which: str, prefix: str) -> tuple[Proc, int]:
     if which == "peer":
         assert b.peer is not None
         return b.peer.start_server(prefix[:-1])
+    if which == "floor":
+        return b.start_floor()
     return b.start_bare()
 
 
@@ -102,14 +105,19 @@ def scenario_http(b: Bench) -> None:
     rps = res.row("2. HTTP enqueue", f"req/s ({label})", "/s", base_label=bare, target=peer_at_least(0.4))
     p50 = res.row("2. HTTP enqueue", "latency p50", "ms", base_label=bare)
     p99 = res.row("2. HTTP enqueue", "latency p99", "ms", base_label=bare, target=peer_at_most(2))
+    # The floor of the threaded design: the same processes and threads making the POST's one
+    # Redis call with no Importer code (bench/model_apps.py), so each run shows how much of
+    # Importer's p99 is its own work and how much the server model's.
+    floor_rps = res.row("2. HTTP enqueue", "req/s, beside the floor of the threaded design", "/s", base_label=FLOOR)
+    floor_p99 = res.row("2. HTTP enqueue", "latency p99, beside the floor of the threaded design", "ms", base_label=FLOOR)
     b.wrk = find_wrk(b)
     if not b.wrk:
-        for r in (rps, p50, p99):
+        for r in (rps, p50, p99, floor_rps, floor_p99):
             r.note = "skipped (wrk not found)"
         log(b.wrk_note)
         res.notes.append(b.wrk_note)
         return
-    subjects = ("importer", "peer", "bare") if b.peer is not None else ("importer", "bare")
+    subjects = ("importer", "peer", "floor", "bare") if b.peer is not None else ("importer", "floor", "bare")
     for rep in range(c.repeat):
         for which in subjects:
             log(f"http rep {rep + 1}/{c.repeat}: {which}")
@@ -138,10 +146,17 @@ def scenario_http(b: Bench) -> None:
                 if proc is not None:
                     b.procs.stop(proc)
                 b.flush()
-            target = FIELD[which]
-            getattr(rps, target).append(fig["rps"])
-            getattr(p50, target).append(fig["p50_ms"])
-            getattr(p99, target).append(fig["p99_ms"])
+            if which == "floor":
+                floor_rps.base.append(fig["rps"])
+                floor_p99.base.append(fig["p99_ms"])
+            else:
+                target = FIELD[which]
+                getattr(rps, target).append(fig["rps"])
+                getattr(p50, target).append(fig["p50_ms"])
+                getattr(p99, target).append(fig["p99_ms"])
+                if which != "bare":
+                    getattr(floor_rps, target).append(fig["rps"])
+                    getattr(floor_p99, target).append(fig["p99_ms"])
             msg = (
                 f"{which}: {fig['rps']:,.0f} req/s, p50 {fig['p50_ms']:.2f} ms, p99 {fig['p99_ms']:.2f} ms, "
                 f"{int(fig['requests']):,} requests, non-2xx {int(fig['non2xx'])}, socket errors {int(fig['socket_errors'])}{created}; "
@@ -158,3 +173,9 @@ def scenario_http(b: Bench) -> None:
                 )
             if fig["non2xx"] or fig["socket_errors"]:
                 res.notes.append(f"HTTP {which} rep {rep + 1}: {int(fig['non2xx'])} non-2xx responses, {int(fig['socket_errors'])} socket errors")
+    if floor_p99.base and floor_p99.peer:
+        res.notes.append(
+            f"2. HTTP enqueue: the floor of the threaded design ({FLOOR}) had a p99 of "
+            f"{median(floor_p99.base):.1f} ms, {ratio_of(floor_p99.base, floor_p99.peer):.2f}× the peer's in the same run; "
+            f"its req/s {ratio_of(floor_rps.base, floor_rps.peer):.2f}× the peer's"
+        )

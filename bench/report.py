@@ -279,7 +279,9 @@ METHOD = """\
   `IMPORTER_RATE_LIMIT=0`, no worker running: jobs accumulate), against the peer's `node server.js`, and
   against the baseline `bench/bare_app.py` (reads the body, answers 202 with a tiny JSON) under the same
   server with the same workers and threads (granian `--interface wsgi --blocking-threads T`, or gunicorn
-  gthread). Each server gets a 1 s wrk warm-up first.
+  gthread), and against the floor of the threaded design, `bench/model_apps.py:wsgi_app` (reads the body,
+  runs one EVALSHA of a five-command script shaped like enqueue.lua's writes, answers 202; no Importer code)
+  under granian with the same workers and threads. Each server gets a 1 s wrk warm-up first.
 - **3. large batch**: fresh HTTP server + worker per repetition (Importer's, then the peer's); one POST of
   the 100,000-row CSV (`http.client`, timed until the 202); completion seen by polling the job record every
   5 ms; active → completed is `finishedAt − startedAt` of Importer's job record and `finishedOn − processedOn`

@@ -15,7 +15,7 @@ Scenarios (see bench/RESULTS.md, "Method", for the exact rules); one module each
                                         worker, a no-op dramatiq actor.
    accounting    bench/accounting.py    Redis commands per import on Importer's worker side (MONITOR).
 2. http          bench/http_load.py     wrk POSTing unique batches: ``importer serve``, the peer's
-                                        server, a bare WSGI app.
+                                        server, a bare WSGI app with and without the one EVALSHA.
 3. large         bench/large_batch.py   one 100,000-row import through each system: upload,
                                         active->completed, Redis blocked (SLOWLOG), peak RSS.
 4. size          bench/message_size.py  queue message bytes for a 3-row and a 100,000-row import.

@@ -28,25 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.common import BIN, free_port, log  # noqa: E402
+from bench.common import log  # noqa: E402
 from bench.http_load import find_wrk, run_wrk  # noqa: E402
-from bench.procs import Proc  # noqa: E402
 from bench.servers import Bench, Config  # noqa: E402
-
-
-def start(b: Bench, model: str, workers: int, threads: int) -> tuple[Proc, int]:
-    port = free_port()
-    argv = [
-        str(BIN / "granian"), "--interface", model, "--host", "127.0.0.1", "--port", str(port),
-        "--workers", str(workers), "--log-level", "warning", "--working-dir", str(ROOT),
-    ]
-    if model == "wsgi":
-        argv += ["--blocking-threads", str(threads), "bench.model_apps:wsgi_app"]
-    else:
-        argv += ["bench.model_apps:rsgi_app"]
-    proc = b.procs.spawn(f"model-{model}", argv, dict(b.base_env, BENCH_REDIS_URL=b.url))
-    b.wait_http(proc, port, "/", ok=(202,))
-    return proc, port
 
 
 def main() -> int:
@@ -70,7 +54,7 @@ def main() -> int:
     try:
         for rep in range(a.repeat):
             for model in ("wsgi", "rsgi"):
-                proc, port = start(b, model, a.workers, a.threads)
+                proc, port = b.start_floor(model)
                 try:
                     run_wrk(b, port, 2, f"warm{rep}{model}")
                     fig = run_wrk(b, port, a.seconds, f"r{rep}{model}")

@@ -191,6 +191,24 @@ class Bench:
         self.wait_http(proc, port, "/", ok=(202,))
         return proc, port
 
+    def start_floor(self, model: str = "wsgi") -> tuple[Proc, int]:
+        """bench/model_apps.py under granian with ``importer serve``'s processes: the same minimal
+        POST (read the body, one EVALSHA shaped like enqueue.lua's writes, 202) and no Importer code.
+        ``wsgi``: blocking threads, as ``importer serve``; ``rsgi``: one asyncio loop per process."""
+        port = free_port()
+        c = self.cfg
+        argv = [
+            str(BIN / "granian"), "--interface", model, "--host", "127.0.0.1", "--port", str(port),
+            "--workers", str(c.http_workers), "--log-level", "warning", "--working-dir", str(ROOT),
+        ]
+        if model == "wsgi":
+            argv += ["--blocking-threads", str(c.http_threads), "bench.model_apps:wsgi_app"]
+        else:
+            argv += ["bench.model_apps:rsgi_app"]
+        proc = self.procs.spawn(f"floor-{model}", argv, dict(self.base_env, BENCH_REDIS_URL=self.url))
+        self.wait_http(proc, port, "/", ok=(202,))
+        return proc, port
+
     def post(self, port: int, path: str, body: bytes, key: str | None) -> tuple[int, bytes, float]:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
         headers = {"Content-Type": "text/csv", "Content-Length": str(len(body))}
