@@ -1,6 +1,7 @@
-"""The two server models of ``bench/server_model.py``: the same minimal POST (read the
-body, one EVALSHA of post_cost's five-command script shaped like enqueue.lua's writes,
-answer 202), as a threaded WSGI app and as an asynchronous RSGI app on one event loop.
+"""The same minimal POST (read the body, one EVALSHA of post_cost's five-command script
+shaped like enqueue.lua's writes, answer 202) as a threaded WSGI app and as an
+asynchronous RSGI app on one event loop: the two server models of
+``bench/server_model.py``; the WSGI one is also the HTTP scenario's floor (``Bench.start_floor``).
 
 Each granian worker process makes its own client on its first request, from
 BENCH_REDIS_URL. No auth, no validation: only the server model differs.

@@ -13,7 +13,8 @@ with wrk -t2 -c32 POSTing as in the HTTP scenario, alternately:
   redis-py's asyncio client), the same processes.
 
 Prints req/s, p50 and p99 of each run, then the medians and rsgi ÷ wsgi. Not part
-of ``make bench``: neither is Importer.
+of ``make bench`` (whose HTTP scenario runs the ``wsgi`` model beside Importer as
+its floor).
 """
 
 from __future__ import annotations

@@ -103,6 +103,7 @@ def test_the_worker_calls_and_the_events_of_one_import(make_system: Any, bound: 
     client = redis.Redis.from_url(system.redis_url)
     for name in ("start", "apply", "start_apply", "fail"):
         client.script_load(lua_source(name))
+    client.close()
     monitor = Monitor(system)
     try:
         assert system.post_csv("one-1", SEED)[0] == 202
