@@ -19,6 +19,7 @@ from typing import Any
 
 from importer.adapters.settings import ClientSettings
 from importer.domain.jobs import FINISHED_STATES
+from importer.handlers.digest import content_digest
 
 
 #: Seconds to wait for the server's ``100 Continue`` (or its early final
@@ -65,6 +66,8 @@ def send_body(method: str, url: str, key: str | None, body: bytes, ctype: str, t
         if ctype:
             conn.putheader("Content-Type", ctype)
         conn.putheader("Content-Length", str(len(body)))
+        # Proves the body whole end to end, through any proxy (RFC 9530).
+        conn.putheader("Content-Digest", content_digest(body))
         conn.putheader("Expect", "100-continue")
         conn.endheaders()
         sock = conn.sock

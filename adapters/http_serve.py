@@ -85,8 +85,11 @@ GRANIAN_LOG_CONFIG: dict[str, Any] = {
 }
 
 
-#: Seconds a 413 answer stays open after its last byte (see _wsgi_callback).
-LINGER_AFTER_413_S = 0.5
+#: Seconds a 411 or 413 answer stays open after its last byte (see _wsgi_callback).
+LINGER_AFTER_REFUSED_BODY_S = 0.5
+
+#: Answers that refuse a body the client may still be sending.
+_REFUSED_BODY = frozenset({411, 413})
 
 
 def _wsgi_callback(app: Any, scope_opts: dict[str, Any]) -> Any:
@@ -98,13 +101,14 @@ def _wsgi_callback(app: Any, scope_opts: dict[str, Any]) -> Any:
       that; gunicorn and waitress do not, and the app never reads it): with
       a deployment's few dozen variables it was about a tenth of a POST's
       Python time (docs/performance.md).
-    * A 413 refuses a body the client is still sending. granian (hyper) closes
+    * A 413 (or a 411: a chunked body without a digest) refuses a body the
+      client is still sending. granian (hyper) closes
       the connection right after the answer, with unread body bytes in the
       socket: the kernel then sends a reset, and a client that reads only
       between two writes may lose the answer (seen: 1 run in 4 of the 1 GiB
       chunked upload test). Keeping the answer open a moment after its last
       byte lets the client read it first. Costs one thread for
-      LINGER_AFTER_413_S per refused oversize upload, which only comes after
+      LINGER_AFTER_REFUSED_BODY_S per refused upload, which only comes after
       its key was accepted.
     """
     from granian.wsgi import Response, ResponseIterWrap
@@ -129,7 +133,7 @@ def _wsgi_callback(app: Any, scope_opts: dict[str, Any]) -> Any:
             close = getattr(body, "close", None)
             if close is not None:
                 close()
-        time.sleep(LINGER_AFTER_413_S)
+        time.sleep(LINGER_AFTER_REFUSED_BODY_S)
 
     def runner(proto: Any, scope: dict[str, Any]) -> int:
         response = Response()
@@ -137,7 +141,7 @@ def _wsgi_callback(app: Any, scope_opts: dict[str, Any]) -> Any:
         if prefix:
             environ["PATH_INFO"] = scope["PATH_INFO"][len(prefix):] or "/"
         body = app(environ, response)
-        if response.status == 413:
+        if response.status in _REFUSED_BODY:
             body = lingering(body)
         if isinstance(body, list):
             proto.response_bytes(response.status, response.headers, b"".join(body))

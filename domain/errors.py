@@ -55,6 +55,9 @@ EXPLANATIONS: dict[str, tuple[str, str]] = {
     "request.stream_unsupported": ("Live streams not supported here", "This deployment cannot hold a live stream open. Poll GET /api/imports/{jobId} instead."),
     "service.unavailable": ("Service unavailable", "The service cannot reach its store or is shutting down. Retry later."),
     "request.incomplete": ("Body is incomplete", "The connection ended before the whole body arrived (fewer bytes than Content-Length, or a chunked body without its last chunk). Nothing was recorded: send the whole request again."),
+    "request.length_required": ("Content-Length required", "This server cannot tell a chunked upload that was cut on the way from a whole one. Nothing was read or recorded: send the upload with a Content-Length header (any HTTP client does for a file or a byte string), or add a Content-Digest header (sha-256) that proves it whole."),
+    "request.bad_digest": ("Content-Digest is not valid", "Nothing was recorded. Send Content-Digest as RFC 9530 says, with a sha-256 or sha-512 member: 'Content-Digest: sha-256=:<base64 of the SHA-256 of the body>:'."),
+    "request.digest_mismatch": ("Body does not match its Content-Digest", "The bytes that arrived are not the bytes the digest was computed on: the upload was cut or changed on the way. Nothing was recorded: send the whole request again."),
     "request.timeout": ("Body too slow", "The body did not arrive within the server's time for reading one (IMPORTER_HTTP_BODY_TIMEOUT). Nothing was recorded: send the whole request again, faster, or through a proxy that buffers uploads."),
     "internal": ("Internal error", "Something went wrong on our side. Retry later; when you report it, quote the requestId of this answer (it is on every log line of the request)."),
 }

@@ -15,7 +15,12 @@ In this order, for each request:
    request.too_large`` past the limit, ``400 request.incomplete`` when the
    connection ended early (fewer bytes than Content-Length, a chunked body cut
    before its last chunk), ``408 request.timeout`` when it did not arrive
-   within the body timeout: a partial body never reaches a handler;
+   within the body timeout: a partial body never reaches a handler. A body
+   without Content-Length on a server that cannot report a cut one (granian:
+   docs/granian-chunked-body.md) is refused before it is read (``411
+   request.length_required``) unless it carries a ``Content-Digest``; a body
+   whose ``Content-Digest`` does not match is ``400 request.digest_mismatch``
+   (handlers/digest.py);
 5. the handler (routes.call);
 6. the common answer headers (``Cache-Control: no-store``,
    ``X-Content-Type-Options: nosniff``); a HEAD answer carries no body.
@@ -32,6 +37,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
+from importer.handlers import digest
 from importer.handlers.api import Api
 from importer.handlers.auth import KeyRing
 from importer.handlers.http import Request, Response, internal_error, problem, request_id_from, request_id_var
@@ -69,6 +75,10 @@ class UploadsBusy(Exception):
 class Body(Protocol):
     #: The Content-Length the client declared (None: not declared, e.g. chunked).
     declared: int | None
+    #: True when the transport cannot prove this body whole: it has no
+    #: Content-Length and the server hands a cut one over as if it had ended
+    #: (granian with a chunked body). Only a Content-Digest can then prove it.
+    unprovable: bool
 
     def read(self, limit: int, on_large: Callable[[], None], deadline: float, done: Callable[[], None]) -> bytes:
         """The whole body. Raises BodyTooLarge past ``limit``, BodyIncomplete
@@ -87,6 +97,7 @@ class MemoryBody:
     def __init__(self, data: bytes, declared: int | None) -> None:
         self.data = data
         self.declared = declared
+        self.unprovable = False  # whoever put it in memory received all of it
 
     def read(self, limit: int, on_large: Callable[[], None], deadline: float, done: Callable[[], None]) -> bytes:
         done()  # nothing to wait for: the body is in memory
@@ -158,6 +169,9 @@ def _handle(
     route, req = resolved
     if route.method != "POST":
         return call(api, route, req)  # no route but POST takes a body: none is read
+    if body.unprovable and "content-digest" not in req.headers:
+        log.warning("unprovable body refused", extra={"event": "http.length_required"})
+        return problem("request.length_required", instance=req.path)
     refused = before_body(api, route, req)  # the owner's rate limit
     if refused is not None:
         return refused
@@ -197,6 +211,17 @@ def _read_and_call(
     except UploadsBusy:
         log.warning("upload slots busy", extra={"event": "http.uploads_busy"})
         return problem("service.busy", instance=req.path, headers=(("Retry-After", "1"),))
+    if "content-digest" in req.headers:
+        # Checked once the body is read (a refusal then leaves no unread bytes
+        # for the server to reset the connection over).
+        try:
+            digests = digest.parse(req.headers["content-digest"])
+        except digest.BadDigest as err:
+            log.warning("bad Content-Digest", extra={"event": "http.bad_digest", "reason": str(err)})
+            return problem("request.bad_digest", instance=req.path)
+        if not digest.matches(digests, data):
+            log.warning("body does not match its Content-Digest", extra={"event": "http.digest_mismatch", "bytes": len(data)})
+            return problem("request.digest_mismatch", instance=req.path)
     return call(api, route, req.with_body(data))
 
 

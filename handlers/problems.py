@@ -17,6 +17,8 @@ from importer.domain.errors import DomainError
 HTTP_STATUS: dict[str, int] = {
     "request.bad_json": 400,
     "request.incomplete": 400,
+    "request.bad_digest": 400,
+    "request.digest_mismatch": 400,
     "auth.required": 401,
     "request.not_found": 404,
     "job.not_found": 404,
@@ -27,6 +29,7 @@ HTTP_STATUS: dict[str, int] = {
     "request.not_acceptable": 406,
     "request.timeout": 408,
     "batch.conflict": 409,
+    "request.length_required": 411,
     "request.too_large": 413,
     "request.unsupported_media_type": 415,
     "request.invalid": 422,

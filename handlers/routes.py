@@ -63,6 +63,14 @@ ROUTES: tuple[Route, ...] = (
             "name": "batchId", "in": "query", "required": False,
             "description": "Required with text/csv bodies; with a JSON body it may be given and must then equal the body's batchId.",
             "schema": {"type": "string", "pattern": BATCH_ID_PATTERN},
+        }, {
+            "name": "Content-Digest", "in": "header", "required": False,
+            "description": (
+                "RFC 9530 digest of the body, e.g. `sha-256=:<base64 of its SHA-256>:` (sha-256 or sha-512): "
+                "a body that does not match it is refused and nothing is recorded. Recommended; required for a "
+                "chunked body on a server that cannot report a cut one (granian, the default)."
+            ),
+            "schema": {"type": "string"},
         }],
         "requestBody": {"required": True, "content": {
             "application/json": {"schema": "EnqueueRequest"},
@@ -76,7 +84,8 @@ ROUTES: tuple[Route, ...] = (
             },
         },
     }, errors=(
-        "request.bad_json", "request.incomplete", *_API_ERRORS, "batch.conflict", "request.too_large",
+        "request.bad_json", "request.incomplete", "request.bad_digest", "request.digest_mismatch", *_API_ERRORS,
+        "batch.conflict", "request.length_required", "request.too_large",
         "request.unsupported_media_type", "request.invalid", "request.rate_limited", "service.busy",
         "contract.no_worker", "request.timeout",
     ), error_notes={

@@ -36,6 +36,11 @@ _REASONS = {
     422: "Unprocessable Content", 429: "Too Many Requests", 500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
 }
 
+#: SERVER_SOFTWARE prefixes (lower case) of the servers whose wsgi.input
+#: raises on a cut chunked body (gunicorn) or that never call the app with one
+#: (waitress), checked at every cut point by tests/integration/test_cut_uploads.py.
+_SERVERS_THAT_REPORT_CUTS = ("gunicorn", "waitress")
+
 #: Bytes asked of wsgi.input per read: few calls (each may wait for the GIL
 #: behind CPU-bound threads), and no more than gunicorn reads per recv().
 _CHUNK = 1024 * 1024
@@ -52,10 +57,17 @@ class WsgiBody:
 
     Counts what arrives instead of trusting the server: fewer bytes than
     CONTENT_LENGTH (the client closed or half-closed early: gunicorn then
-    returns a short read, granian an empty one), an error from wsgi.input
-    (gunicorn raises NoMoreData / ChunkMissingTerminator on a cut chunked
-    body) or an empty chunked body (granian's answer to a cut one) is
-    BodyIncomplete. waitress never calls the app with an incomplete body.
+    returns a short read, granian an empty one) or an error from wsgi.input
+    (gunicorn raises NoMoreData / ChunkMissingTerminator / InvalidHeader on a
+    cut chunked body or a broken trailer) is BodyIncomplete. waitress never
+    calls the app with an incomplete body.
+
+    A body without CONTENT_LENGTH (chunked, or HTTP/2 without the header) is
+    ``unprovable`` on every server but those known to report a cut one
+    (gunicorn, waitress: tests/integration/test_cut_uploads.py): granian hands
+    a chunked body cut at any point over as if it had ended there
+    (docs/granian-chunked-body.md), and an unknown server may do the same. The
+    edge refuses such a body with 411 unless a Content-Digest proves it.
 
     The deadline, per server: gunicorn's socket (``gunicorn.socket``) gets a
     timeout for each read, and its read side is shut after a timeout (so
@@ -65,9 +77,6 @@ class WsgiBody:
     is checked after each read, so a body that trickles holds its thread
     (and its body-read slot, handlers/edge.py, which bounds how many threads
     such bodies hold) until it ends or the client goes, and is then refused.
-    (Reading in a helper thread that the request stops waiting for enforced
-    the deadline, but cost a third of the POST throughput under granian:
-    bench/EDGE_RESULTS.md.)
     """
 
     def __init__(self, environ: dict[str, Any]) -> None:
@@ -76,7 +85,10 @@ class WsgiBody:
         self.declared: int | None = int(length_text) if length_text.isdigit() else None
         self.chunked = "chunked" in str(environ.get("HTTP_TRANSFER_ENCODING", "")).lower()
         self.socket: socket.socket | None = environ.get("gunicorn.socket")
-        self.buffered = str(environ.get("SERVER_SOFTWARE", "")).lower().startswith("waitress")
+        software = str(environ.get("SERVER_SOFTWARE", "")).lower()
+        reports_cuts = software.startswith(_SERVERS_THAT_REPORT_CUTS)
+        framed_by_its_end = self.chunked or str(environ.get("SERVER_PROTOCOL", "")).upper().startswith("HTTP/2")
+        self.unprovable = self.declared is None and framed_by_its_end and not reports_cuts
         self.deadline = float("inf")
         self.started = False
 
@@ -173,10 +185,6 @@ class WsgiBody:
         while True:
             chunk = self._chunk(_CHUNK)
             if not chunk:
-                if self.chunked and not size:
-                    # granian hands over a cut chunked body as an empty one;
-                    # an empty chunked upload is no upload either.
-                    raise BodyIncomplete("empty chunked body")
                 return buffer.getvalue()
             size += len(chunk)
             if size > limit:

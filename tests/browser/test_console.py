@@ -4,6 +4,8 @@ owners, error messages, keyboard, phone width, contrast."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import re
@@ -59,7 +61,11 @@ def test_upload_and_watch_it_complete_live(console_system: System, new_page: Any
     page.set_input_files("#file-input", str(copy_fixture(tmp_path, "shipment-a-2026.csv", batch + ".csv")))
     expect(page.locator("#batch-input")).to_have_value(batch)  # suggested from the file name
     shots.take(page, "file-chosen")
-    page.click("#send-button")
+    with page.expect_request(lambda r: r.method == "POST" and "/api/imports" in r.url) as sent:
+        page.click("#send-button")
+    # The upload carries its RFC 9530 digest: the server refuses it if it arrives cut.
+    data = (FIXTURES / "shipment-a-2026.csv").read_bytes()
+    assert sent.value.headers["content-digest"] == "sha-256=:" + base64.b64encode(hashlib.sha256(data).digest()).decode() + ":"
 
     expect(page.locator("#send-result")).to_contain_text(f"202 Accepted: job shipment-{batch}")
     expect(page.locator("#job-state")).to_have_text("completed", timeout=60_000)

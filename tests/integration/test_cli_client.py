@@ -72,3 +72,44 @@ def test_submit_of_a_large_file_hears_an_early_refusal(make_system: object, serv
     assert importer(s, "submit", str(FIXTURES / "shipment-a-2026.csv"), "--batch-id", "big-0").returncode == 0
     limited = importer(s, "submit", str(big), "--batch-id", "big-2")
     assert limited.returncode == 1 and limited.stderr.startswith("refused: 429 request.rate_limited: "), limited.stderr
+
+
+def test_submit_sends_the_files_content_digest(tmp_path: Path) -> None:
+    """`importer submit` proves its upload whole (RFC 9530 Content-Digest):
+    a listener in place of the server reads the request it sends."""
+    import base64
+    import hashlib
+    import socket
+    import threading
+
+    data = (FIXTURES / "shipment-a-2026.csv").read_bytes()
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    seen: list[bytes] = []
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                request += conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+            while len(request.partition(b"\r\n\r\n")[2]) < len(data):
+                request += conn.recv(65536)
+            seen.append(request)
+            answer = b'{"jobId":"shipment-dig","batchId":"dig","state":"waiting"}'
+            conn.sendall(b"HTTP/1.1 202 Accepted\r\nContent-Type: application/json\r\nContent-Length: "
+                         + str(len(answer)).encode() + b"\r\n\r\n" + answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    env = {"PATH": "/usr/bin:/bin", "IMPORTER_API_KEY": "imp_x", "IMPORTER_URL": f"http://127.0.0.1:{port}"}
+    out = subprocess.run([sys.executable, "-m", "importer.adapters.cli", "submit", str(FIXTURES / "shipment-a-2026.csv"),
+                          "--batch-id", "dig"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    thread.join(10)
+    listener.close()
+    assert out.returncode == 0, out.stdout + out.stderr
+    head, _, body = seen[0].partition(b"\r\n\r\n")
+    headers = {line.split(b":", 1)[0].lower(): line.split(b":", 1)[1].strip() for line in head.split(b"\r\n")[1:]}
+    assert body == data
+    assert headers[b"content-digest"] == b"sha-256=:" + base64.b64encode(hashlib.sha256(data).digest()) + b":"

@@ -1,7 +1,7 @@
-"""Issue 11, the HTTP edge, against real servers (gunicorn via `importer serve`,
-and waitress through the documented factory) with raw sockets where the
-point is framing: a cut upload is never recorded, a refused request reads no
-body, HEAD, the common headers, request ids, JSON log lines."""
+"""The HTTP edge against real servers (gunicorn via `importer serve`, and
+waitress through the documented factory) with raw sockets where the point is
+framing: a refused request reads no body, HEAD, the common headers, request
+ids, JSON log lines. Cut uploads on every server: test_cut_uploads.py."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ pytestmark = pytest.mark.integration
 
 ROWS = 100
 FULL = b"sku,quantity\n" + b"".join(f"CUT-{n:03d},{100 + n}\n".encode() for n in range(ROWS))
-SKUS = [f"CUT-{n:03d}" for n in range(ROWS)]
 
 
 @pytest.fixture(params=["gunicorn", "waitress"])
@@ -65,55 +64,6 @@ def _answer(sock: socket.socket, timeout: float = 30) -> bytes:
                     return data
     except (TimeoutError, ConnectionResetError):
         return data
-
-
-def _send_cut(system: System, batch_id: str, request: bytes, mode: str) -> bytes:
-    with socket.create_connection(("127.0.0.1", _port(system)), timeout=30) as sock:
-        sock.sendall(request)
-        if mode == "close":
-            return b""
-        sock.shutdown(socket.SHUT_WR)
-        return _answer(sock)
-
-
-CUT_INSIDE_A_NUMBER = FULL.index(b"CUT-050,150") + len(b"CUT-050,1")  # "...CUT-050,1" then nothing
-
-
-@pytest.mark.parametrize("mode", ["close", "half-close"])
-def test_a_cut_upload_is_never_recorded(edge_system: System, server: str, mode: str) -> None:
-    s = edge_system
-    half = len(FULL) // 2
-    cases = {
-        "short": _head(s, "cut-short", f"Content-Length: {len(FULL)}\r\n") + FULL[:half],
-        "number": _head(s, "cut-number", f"Content-Length: {len(FULL)}\r\n") + FULL[:CUT_INSIDE_A_NUMBER],
-        "chunked-cut": _head(s, "cut-chunked", "Transfer-Encoding: chunked\r\n")
-        + f"{half:x}\r\n".encode() + FULL[:half] + b"\r\n" + f"{len(FULL) - half:x}\r\n".encode() + FULL[half:CUT_INSIDE_A_NUMBER],
-        "chunked-no-last": _head(s, "cut-nolast", "Transfer-Encoding: chunked\r\n")
-        + f"{len(FULL):x}\r\n".encode() + FULL + b"\r\n",
-    }
-    for name, request in cases.items():
-        answer = _send_cut(s, name, request, mode)
-        if mode == "half-close" and answer:
-            # gunicorn hands the short body over and the app refuses it; waitress
-            # never calls the app with an incomplete request (it just closes).
-            assert answer.startswith(b"HTTP/1.1 400"), (name, answer[:300])
-            assert b'"code":"request.incomplete"' in answer, (name, answer)
-            assert b"X-Request-Id: " in answer
-        elif server == "gunicorn" and mode == "half-close":
-            raise AssertionError(f"{name}: gunicorn sent no answer")
-    # The same file sent whole afterwards is applied, once, in full: the cut
-    # attempts left nothing behind (no record, no stock, no batchId taken).
-    for batch in ("cut-short", "cut-number", "cut-chunked", "cut-nolast"):
-        assert s.request("GET", f"/api/imports/shipment-{batch}")[0] == 404, batch
-    assert s.store().generation() == 0
-    assert s.post_csv("cut-short", FULL)[0] == 202
-    record = s.wait_state("shipment-cut-short")
-    assert record["result"]["imported"] == ROWS
-    assert s.store().stock_of(SKUS) == {sku: 100 + n for n, sku in enumerate(SKUS)}
-    assert s.store().generation() == 1
-    http = next(p for p in s.procs if p.name == "http")
-    if server == "gunicorn" and mode == "half-close":
-        assert "http.body_incomplete" in http.log()
 
 
 def test_a_refused_request_reads_no_body(make_system: object) -> None:

@@ -5,6 +5,8 @@ can send (hypothesis over bodies and headers)."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import io
 import json
 import logging
@@ -18,6 +20,7 @@ from hypothesis import strategies as st
 
 from importer.adapters.logs import JsonFormatter
 from importer.handlers.api import RATE_TOKEN_WITH_ENQUEUE_BYTES
+from importer.handlers.digest import content_digest
 from importer.handlers.edge import LARGE_UPLOAD_BYTES
 from importer.handlers.serverless import make_handler
 from importer.handlers.wsgi import body_limit, create_app
@@ -80,24 +83,88 @@ def test_a_body_shorter_than_its_content_length_is_refused_and_nothing_recorded(
     assert h.store.calls == [] and h.store.jobs == {} and h.sender.sent == []
 
 
+GUNICORN = {"SERVER_SOFTWARE": "gunicorn/27.0.1"}
+
+
 def test_a_chunked_body_cut_by_the_server_error_is_refused(h: Harness) -> None:
     result = h.call(
         "POST", "/api/imports", query="batchId=b-cut", stream=CutChunkedStream(VALID_CSV.encode()[:20]),
-        content_type="text/csv", headers=[("Transfer-Encoding", "chunked")], validate=False,
+        content_type="text/csv", headers=[("Transfer-Encoding", "chunked")], validate=False, extra_environ=GUNICORN,
     )
 
     assert_problem(result, 400, "request.incomplete")
     assert h.store.jobs == {} and h.sender.sent == []
 
 
-def test_an_empty_chunked_body_is_refused_as_incomplete(h: Harness) -> None:
-    """granian hands a cut chunked body over as an empty one."""
+@pytest.mark.parametrize("software", ["Granian", "", "uWSGI"])
+@pytest.mark.parametrize("framing", [{"HTTP_TRANSFER_ENCODING": "chunked"}, {"SERVER_PROTOCOL": "HTTP/2"}])
+def test_a_body_without_length_on_a_server_that_cannot_report_a_cut_is_refused_unread(
+    h: Harness, software: str, framing: dict[str, str]
+) -> None:
+    """granian hands a chunked body cut at any point over as if it had ended;
+    so may any server not known to report cuts: without a Content-Digest such
+    a body is refused before a byte of it is read."""
     result = h.call(
-        "POST", "/api/imports", query="batchId=b-cut", stream=io.BytesIO(b""), content_type="text/csv",
-        headers=[("Transfer-Encoding", "chunked")], validate=False,
+        "POST", "/api/imports", query="batchId=b-cut", stream=ExplodingStream(), content_type="text/csv",
+        validate=False, extra_environ={"SERVER_SOFTWARE": software, **framing},
     )
-    assert_problem(result, 400, "request.incomplete")
+    problem = assert_problem(result, 411, "request.length_required")
+    assert "Content-Length" in problem["detail"]
+    assert h.store.calls == [] and h.store.jobs == {}
+
+
+def test_a_body_without_length_is_taken_on_granian_when_its_digest_proves_it(h: Harness) -> None:
+    data = VALID_CSV.encode()
+    granian = {"SERVER_SOFTWARE": "Granian", "HTTP_TRANSFER_ENCODING": "chunked"}
+    cut = h.call(
+        "POST", "/api/imports", query="batchId=b-dig", stream=io.BytesIO(data[:-7]), content_type="text/csv",
+        headers=[("Content-Digest", content_digest(data))], validate=False, extra_environ=granian,
+    )
+    assert_problem(cut, 400, "request.digest_mismatch")
     assert h.store.jobs == {}
+    whole = h.call(
+        "POST", "/api/imports", query="batchId=b-dig", stream=io.BytesIO(data), content_type="text/csv",
+        headers=[("Content-Digest", content_digest(data))], validate=False, extra_environ=granian,
+    )
+    assert whole.status == 202 and "shipment-b-dig" in h.store.jobs
+
+
+def test_an_empty_chunked_body_on_gunicorn_is_refused_for_what_it_is(h: Harness) -> None:
+    """gunicorn reports a cut chunked body, so an empty one is really empty:
+    it is taken as the upload it is (its job fails with csv.empty), not refused as incomplete."""
+    result = h.call(
+        "POST", "/api/imports", query="batchId=b-empty", stream=io.BytesIO(b""), content_type="text/csv",
+        headers=[("Transfer-Encoding", "chunked")], validate=False, extra_environ=GUNICORN,
+    )
+    assert result.status == 202 and "shipment-b-empty" in h.store.jobs
+
+
+@pytest.mark.parametrize(("header", "code"), [
+    ("sha-256=:AAAA:", "request.bad_digest"),  # 3 bytes, not a SHA-256
+    ("md5=:rL0Y20zC+Fzt72VPzMSk2A==:", "request.bad_digest"),  # no algorithm checked here
+    ("sha-256=abc", "request.bad_digest"),  # not a byte sequence
+    ("sha-256=:!!!!:", "request.bad_digest"),
+    ("sha-512=:" + "A" * 86 + "==:", "request.digest_mismatch"),
+])
+def test_a_content_digest_that_is_invalid_or_does_not_match_is_refused(h: Harness, header: str, code: str) -> None:
+    data = VALID_CSV.encode()
+    result = h.call(
+        "POST", "/api/imports", query="batchId=b-dig", body=data, content_type="text/csv",
+        headers=[("Content-Digest", header)], validate=False,
+    )
+    assert_problem(result, 400, code)
+    assert h.store.jobs == {}
+
+
+def test_a_matching_content_digest_with_several_members_and_parameters_is_taken(h: Harness) -> None:
+    data = VALID_CSV.encode()
+    sha512 = "sha-512=:" + base64.b64encode(hashlib.sha512(data).digest()).decode() + ":"
+    header = f"md5=:abc=:, {content_digest(data)};note=1, {sha512}"
+    result = h.call(
+        "POST", "/api/imports", query="batchId=b-dig", body=data, content_type="text/csv",
+        headers=[("Content-Digest", header)], validate=False,
+    )
+    assert result.status == 202
 
 
 def test_a_serverless_body_that_differs_from_its_content_length_is_refused() -> None:
