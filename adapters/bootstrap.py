@@ -21,23 +21,19 @@ from redis.retry import Retry
 
 from importer.adapters.logs import log_event
 from importer.adapters.metrics import HttpMetrics
-from importer.adapters.queue import (
-    AttemptRecorder,
-    CloseConnections,
-    ImportQueue,
-    ImportRunner,
-    Reconciler,
-    build_broker,
-    declare_import_actor,
-)
-from importer.adapters.redis_store import ImporterRedis, RedisStore, StoreUnavailable
+from importer.adapters.dramatiq.broker import build_broker
+from importer.adapters.dramatiq.middleware import AttemptRecorder, CloseConnections, Reconciler
+from importer.adapters.dramatiq.producer import ImportQueue
+from importer.adapters.dramatiq.runner import ImportRunner, declare_import_actor
+from importer.adapters.redis.client import ImporterRedis, StoreUnavailable
+from importer.adapters.redis.store import RedisStore
 from importer.adapters.settings import Settings, SettingsError
-from importer.adapters.worker_presence import WorkerPresence
+from importer.adapters.dramatiq.presence import WorkerPresence
 from importer.domain.ports import AttemptStore, MessageSender
 from importer.handlers.api import Api
 from importer.handlers.auth import KeyRing
 from importer.handlers.event_stream import EventStreams
-from importer.handlers.ids import random_hex
+from importer.domain.ids import random_hex, random_uuid, request_id_var
 from importer.handlers.openapi import spec_yaml
 from importer.handlers.wsgi import WsgiApp, create_app
 
@@ -168,7 +164,7 @@ def build_http(settings: Settings) -> HttpSide:
     bound_large_allocations()
     client = redis_client(settings)
     broker = build_broker(settings, client)
-    queue = ImportQueue(broker, settings)
+    queue = ImportQueue(broker, settings, request_id=request_id_var.get, new_id=random_uuid)
     # On the Redis transport the message is written with the job record, in
     # one script (one round trip per POST, no unsent window).
     store = RedisStore(client, settings, clock_ms=clock_ms, messages=queue.redis_message if queue.writes_to(client) else None)
@@ -221,7 +217,7 @@ def build_worker(settings: Settings) -> dramatiq.Broker:
     runner = ImportRunner(attempts, settings)
     middleware = [Reconciler(store, runner, settings), WorkerPresence(store, settings), CloseConnections(client)]
     if settings.worker_metrics_port:
-        from importer.adapters.worker_metrics import WorkerPrometheus
+        from importer.adapters.processes.worker_metrics import WorkerPrometheus
 
         middleware.append(WorkerPrometheus())
     broker = build_broker(settings, client, worker_middleware=middleware, recorder=AttemptRecorder(runner, settings))

@@ -1,4 +1,6 @@
-"""Structured logs: one JSON object per line, with jobId/batchId/owner when known.
+"""Structured logs, one record per line, with jobId/batchId/owner when known:
+a JSON object per line (IMPORTER_LOG_FORMAT=json, the default for services),
+or a short readable line for a terminal (text, ``importer dev``'s default).
 
 Nothing here ever logs CSV content; callers pass ids, codes and counts.
 """
@@ -8,11 +10,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import time
 from typing import Any, TextIO
 
-from importer.handlers.http import request_id_var
+from importer.adapters.settings import log_format as configured_log_format
+from importer.domain.ids import request_id_var
 
 _RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", (), None)))
 
@@ -34,6 +38,56 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out, default=str)
+
+
+#: A text value written as it is; any other is quoted (JSON), so a line stays one line.
+_BARE = re.compile(r"^[^\s\"'=]+$")
+
+
+def _text_value(value: Any) -> str:
+    if isinstance(value, str):
+        return value if _BARE.match(value) else json.dumps(value, ensure_ascii=False)
+    return json.dumps(value, default=str, ensure_ascii=False, separators=(",", ":"))
+
+
+class TextFormatter(logging.Formatter):
+    """One short line per record, for a person at a terminal:
+
+        21:40:01 info  worker.completed jobId=shipment-a batchId=a imported=3
+
+    local time, level, the event (or, for a record without one, its message,
+    after the logger's name when that is not Importer's), then the same fields
+    as the JSON line as key=value (requestId when known); a traceback follows
+    on its own lines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        clock = time.strftime("%H:%M:%S", time.localtime(record.created))
+        message = record.getMessage()
+        event = getattr(record, "event", None)
+        if isinstance(event, str):
+            head = event
+        elif record.name == "importer" or record.name.startswith("importer."):
+            head = message
+        else:
+            head = f"{record.name.lstrip('_')}: {message}"
+        fields = [f"{clock} {record.levelname.lower():<5} {head}"]
+        if isinstance(event, str) and message != event:
+            fields.append(f"msg={_text_value(message)}")
+        for key, value in vars(record).items():
+            if key not in _RESERVED and not key.startswith("_") and key != "event":
+                fields.append(f"{key}={_text_value(value)}")
+        request_id = request_id_var.get()
+        if request_id is not None:
+            fields.append(f"requestId={_text_value(request_id)}")
+        line = " ".join(fields)
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def formatter_class(log_format: str | None = None) -> type[logging.Formatter]:
+    """The formatter of ``log_format``, else of IMPORTER_LOG_FORMAT: TextFormatter or JsonFormatter."""
+    return TextFormatter if (log_format or configured_log_format()) == "text" else JsonFormatter
 
 
 class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
@@ -67,9 +121,11 @@ def shared_stderr() -> TextIO:
     return open(os.dup(2), "w", encoding="utf-8", errors="replace", buffering=1)
 
 
-def configure_logging(level: str = "INFO", stream: TextIO | None = None) -> None:
+def configure_logging(level: str = "INFO", stream: TextIO | None = None, log_format: str | None = None) -> None:
+    """Every record to ``stream`` (stderr), one line each, in ``log_format``
+    (default: IMPORTER_LOG_FORMAT, else json)."""
     handler = LineHandler(stream if stream is not None else sys.stderr)
-    handler.setFormatter(JsonFormatter())
+    handler.setFormatter(formatter_class(log_format)())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

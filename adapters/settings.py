@@ -58,6 +58,22 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
     return env.get(name, "").lower() in ("1", "true", "yes")
 
 
+#: IMPORTER_LOG_FORMAT: "json" (one JSON object per line, for services and
+#: log collectors) or "text" (one short readable line, for a terminal).
+LOG_FORMATS = ("json", "text")
+
+
+def log_format(env: Mapping[str, str] | None = None, default: str = "json") -> str:
+    """IMPORTER_LOG_FORMAT, or ``default`` when it is unset or empty. Read on
+    its own (not only through ``Settings``) because logging is configured
+    first, before the other settings are read and checked."""
+    env = os.environ if env is None else env
+    value = (env.get("IMPORTER_LOG_FORMAT") or default).strip().lower()
+    if value not in LOG_FORMATS:
+        raise SettingsError(f"IMPORTER_LOG_FORMAT must be json or text, got {env.get('IMPORTER_LOG_FORMAT')!r}")
+    return value
+
+
 def _api_keys(env: Mapping[str, str]) -> str:
     parts = [env.get("IMPORTER_API_KEYS", "")]
     path = env.get("IMPORTER_API_KEYS_FILE")
@@ -162,6 +178,8 @@ class Settings:
     http_server: str = "granian"
     #: granian: seconds a client has to send its whole header block.
     http_header_timeout_s: float = 10.0
+    #: Log lines: "json" (default) or "text" (``importer dev``'s default); see log_format.
+    log_format: str = "json"
     #: Test-only fault injection, e.g. "after_apply:5" (sleep 5 s there) or
     #: "before_send:crash" (kill the process there). Never set in production.
     fault: str = ""
@@ -179,13 +197,10 @@ class Settings:
             maintenance_chance=_int(env, "IMPORTER_BROKER_MAINTENANCE_CHANCE", cls.maintenance_chance),
             http_drain_delay_s=_float(env, "IMPORTER_HTTP_DRAIN_DELAY", cls.http_drain_delay_s),
             worker_shutdown_timeout_s=_float(env, "IMPORTER_WORKER_SHUTDOWN_TIMEOUT", cls.worker_shutdown_timeout_s),
-            # IMPORTER_UNSENT_GRACE / IMPORTER_SWEEP_INTERVAL: the unsent sweeper's old names.
-            waiting_grace_s=_float(env, "IMPORTER_WAITING_GRACE", _float(env, "IMPORTER_UNSENT_GRACE", cls.waiting_grace_s)),
+            waiting_grace_s=_float(env, "IMPORTER_WAITING_GRACE", cls.waiting_grace_s),
             attempt_lease_s=_float(env, "IMPORTER_ATTEMPT_LEASE", cls.attempt_lease_s),
             stall_margin_s=_float(env, "IMPORTER_STALL_MARGIN", cls.stall_margin_s),
-            reconcile_interval_s=_float(
-                env, "IMPORTER_RECONCILE_INTERVAL", _float(env, "IMPORTER_SWEEP_INTERVAL", cls.reconcile_interval_s)
-            ),
+            reconcile_interval_s=_float(env, "IMPORTER_RECONCILE_INTERVAL", cls.reconcile_interval_s),
             redis_socket_timeout_s=_float(env, "IMPORTER_REDIS_SOCKET_TIMEOUT", cls.redis_socket_timeout_s),
             max_rows=_int(env, "IMPORTER_MAX_ROWS", cls.max_rows, minimum=1),
             max_upload_bytes=_int(env, "IMPORTER_MAX_UPLOAD_BYTES", cls.max_upload_bytes, minimum=1),
@@ -213,6 +228,7 @@ class Settings:
             event_stream_max_duration_s=_float(env, "IMPORTER_EVENT_STREAM_MAX_DURATION", cls.event_stream_max_duration_s),
             http_server=env.get("IMPORTER_HTTP_SERVER") or cls.http_server,
             http_header_timeout_s=_float(env, "IMPORTER_HTTP_HEADER_TIMEOUT", cls.http_header_timeout_s),
+            log_format=log_format(env),
         )
         settings.check()
         return settings
@@ -237,6 +253,8 @@ class Settings:
             raise SettingsError("IMPORTER_HTTP_BODY_TIMEOUT must be > 0")
         if self.http_server not in ("granian", "gunicorn"):
             raise SettingsError("IMPORTER_HTTP_SERVER must be granian or gunicorn")
+        if self.log_format not in LOG_FORMATS:
+            raise SettingsError("IMPORTER_LOG_FORMAT must be json or text")
         if self.max_attempts < 1:
             raise SettingsError("max_attempts must be >= 1")
 
@@ -275,6 +293,8 @@ class DevSettings:
     #: IMPORTER_API_KEYS or IMPORTER_API_KEYS_FILE is set: no key is made up.
     api_keys_given: bool = False
     metrics_token: str = ""
+    #: IMPORTER_LOG_FORMAT for the processes it starts: text unless set.
+    log_format: str = "text"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "DevSettings":
@@ -285,6 +305,7 @@ class DevSettings:
             api_key=env.get("IMPORTER_API_KEY", ""),
             api_keys_given=bool(env.get("IMPORTER_API_KEYS") or env.get("IMPORTER_API_KEYS_FILE")),
             metrics_token=env.get("IMPORTER_METRICS_TOKEN", ""),
+            log_format=log_format(env, default=cls.log_format),
         )
 
 

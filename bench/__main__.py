@@ -1,7 +1,7 @@
-"""``python -m bench``: the same as ``bench/run.py``."""
+"""``python -m bench``: the same as ``python -m bench.suite`` (``make bench``)."""
 
 import sys
 
-from bench.run import main
+from bench.suite.run import main
 
 sys.exit(main())

@@ -1,7 +1,7 @@
 """The ports the two use cases drive, as ``typing.Protocol``s, and what they return.
 
-The Redis store (adapters/redis_store.py) and the dramatiq producer
-(adapters/queue.py) implement them; unit tests use the small fakes in
+The Redis store (adapters/redis/store.py) and the dramatiq producer
+(adapters/dramatiq/) implement them; unit tests use the small fakes in
 tests/unit/fakes.py. Nothing here does I/O.
 """
 
@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from importer.domain.errors import PublicError
+from importer.domain.jobs import JobRecord, RejectionReport, ShipmentRecord
+from importer.domain.receipt import StoredReceipt
 from importer.domain.shipment import Shipment
 
 
@@ -125,12 +127,53 @@ class AttemptStore(Protocol):
     ) -> str: ...
 
     def start_and_apply(
-        self, *, job_id: str, upload_id: str, batch_id: str, shipment: Shipment,
+        self, *, job_id: str, upload_id: str, batch_id: str, shipment: Shipment, ack: Any = None,
     ) -> tuple[StartOutcome, ApplyResult | None]:
         """Start the attempt, record 'validated' and apply, as one atomic step,
         for a shipment validated from the job's own upload before the attempt
-        started. The apply result is None when the attempt did not start."""
+        started. ``ack``: the transport's acknowledgement of the message that
+        brought the upload (opaque here), made in the same step; None: none.
+        The apply result is None when the attempt did not start."""
         ...
+
+
+class JobReads(Protocol):
+    """Owner-scoped reads: None for a missing record and for another owner's
+    alike, having read nothing of the latter but its owner."""
+
+    def get_owned_job(self, job_id: str, owner: str) -> JobRecord | None: ...
+    def get_owned_shipment(self, batch_id: str, owner: str) -> ShipmentRecord | None: ...
+    # (state, report or None when it has none), or None as get_owned_job.
+    def get_owned_rejections(self, job_id: str, owner: str) -> tuple[str, RejectionReport | None] | None: ...
+    def list_jobs(
+        self, owner: str, *, limit: int, state: str | None = None, after: tuple[int, str] | None = None,
+    ) -> tuple[list[JobRecord], tuple[int, str] | None]: ...
+
+
+class ReceiptStore(Protocol):
+    """A receipt with its done marker and first bytes (None as JobReads); then the rest, in ranges."""
+
+    def get_owned_receipt(self, batch_id: str, owner: str, head_bytes: int) -> StoredReceipt | None: ...
+    def read_receipt(self, batch_id: str, start: int, length: int) -> bytes: ...
+
+
+class JobEventSource(Protocol):
+    """A job's own events after a stream id, waiting up to block_ms for new ones."""
+
+    def get_owned_job(self, job_id: str, owner: str) -> JobRecord | None: ...
+    def job_events(self, job_id: str, after_id: str, block_ms: int | None) -> list[dict[str, Any]]: ...
+
+
+class StoreHealth(Protocol):
+    """What /health and the producer's rate limit ask of the store."""
+
+    def take_rate_token(self, owner: str) -> int: ...
+    def ping(self) -> bool: ...
+    def live_workers(self) -> dict[str, frozenset[int]]: ...
+
+
+class JobStore(JobRecorder, JobReads, ReceiptStore, JobEventSource, StoreHealth, Protocol):
+    """Everything the HTTP side needs of the store."""
 
 
 class EventLog(Protocol):

@@ -37,6 +37,7 @@ def run_import(
     log: EventLog,
     on_started: OnStarted = _ignore_started,
     upload: bytes | None = None,
+    ack: Any = None,
 ) -> str:
     """Run one attempt of the import a queue message names; returns what it did.
 
@@ -51,7 +52,8 @@ def run_import(
     (small imports). It is parsed and validated first; a valid shipment then
     starts, applies and completes in one atomic step of the store (the
     'validated' milestone is recorded in it, with the events of the separate
-    steps). Without it, or when it is invalid, the separate steps run: start
+    steps); ``ack``, the transport's acknowledgement of that message, is made
+    in the same step. Without it, or when it is invalid, the separate steps run: start
     (which hands over the upload), validate, then apply. Raises :class:`PermanentImportFailure` after recording a failure
     that retrying cannot fix. Any other exception (the store unreachable, the
     time limit) propagates to the queue, which retries the attempt.
@@ -77,7 +79,7 @@ def run_import(
         # then its failure is recorded with the CSV issues.
         if not isinstance(parsed, CsvInvalid):
             outcome, applied = store.start_and_apply(
-                job_id=msg.job_id, upload_id=msg.upload_id, batch_id=msg.batch_id, shipment=parsed,
+                job_id=msg.job_id, upload_id=msg.upload_id, batch_id=msg.batch_id, shipment=parsed, ack=ack,
             )
             started = _started(store, outcome, msg.job_id, log, ctx)
             if started is None or applied is None:

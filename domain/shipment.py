@@ -1,6 +1,6 @@
 """The shipment value and the CSV validator that produces it.
 
-CSV format (documented in README, "CSV format"):
+CSV format (documented in docs/csv.md):
 
 * UTF-8, an optional BOM, LF or CRLF line endings, blank lines ignored.
 * First non-blank line: the header ``sku,quantity`` (case-insensitive,
@@ -317,8 +317,8 @@ def parse_shipment(data: bytes, *, max_rows: int = DEFAULT_MAX_ROWS) -> Shipment
     except UnicodeDecodeError as err:
         # utf-8-sig reports err.start relative to the bytes after a BOM.
         start = err.start + (3 if data.startswith(b"\xef\xbb\xbf") else 0)
-        line = data.count(b"\n", 0, start) + 1
-        return CsvInvalid((CsvIssue(line, None, "csv.not_utf8", f"byte {start} is not valid UTF-8"),))
+        bad_line = data.count(b"\n", 0, start) + 1
+        return CsvInvalid((CsvIssue(bad_line, None, "csv.not_utf8", f"byte {start} is not valid UTF-8"),))
 
     issues = _Issues()
     lines = _lines(text)

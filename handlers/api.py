@@ -16,17 +16,17 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import Any
 
 from marshmallow import ValidationError
 
 from importer.domain.contract import CURRENT_VERSION, live_workers_can_run
 from importer.domain.errors import RateLimited
-from importer.domain.jobs import JobRecord, RejectionReport, ShipmentRecord
-from importer.domain.ports import JobRecorder, MessageSender
-from importer.domain.receipt import StoredReceipt
+from importer.domain.jobs import JobRecord
+from importer.domain.ports import JobStore, MessageSender
 from importer.domain.shipment import BATCH_ID_PATTERN, is_valid_batch_id
 from importer.domain.submit_import import submit_import
+from importer.handlers.answers import RETRY_AFTER_UNAVAILABLE_S, retry_after
 from importer.handlers.auth import bearer_token
 from importer.handlers.event_stream import EventStreams
 from importer.handlers.http import Request, Response, json_response
@@ -39,27 +39,6 @@ from importer.handlers.schemas import EnqueueRequestSchema, JobStatusSchema, Shi
 _ENQUEUE_REQUEST = EnqueueRequestSchema()
 _JOB_STATUS = JobStatusSchema()
 _SHIPMENT = ShipmentSchema()
-
-
-class JobStore(JobRecorder, Protocol):
-    """What the HTTP side needs of the store: record jobs, and read records."""
-
-    # Owner before content: None for a missing record and for another owner's
-    # alike, having read nothing of the latter but its owner.
-    def get_owned_job(self, job_id: str, owner: str) -> JobRecord | None: ...
-    def get_owned_shipment(self, batch_id: str, owner: str) -> ShipmentRecord | None: ...
-    # The receipt with its done marker and first bytes (None as above); then the rest, in ranges.
-    def get_owned_receipt(self, batch_id: str, owner: str, head_bytes: int) -> StoredReceipt | None: ...
-    def read_receipt(self, batch_id: str, start: int, length: int) -> bytes: ...
-    # (state, report or None when it has none), or None as get_owned_job.
-    def get_owned_rejections(self, job_id: str, owner: str) -> tuple[str, RejectionReport | None] | None: ...
-    def take_rate_token(self, owner: str) -> int: ...
-    def ping(self) -> bool: ...
-    def live_workers(self) -> dict[str, frozenset[int]]: ...
-    def list_jobs(
-        self, owner: str, *, limit: int, state: str | None = None, after: tuple[int, str] | None = None,
-    ) -> tuple[list[JobRecord], tuple[int, str] | None]: ...
-    def job_events(self, job_id: str, after_id: str, block_ms: int | None) -> list[dict[str, Any]]: ...
 
 
 class Lifecycle:
@@ -124,8 +103,9 @@ def rejections_path(job_id: str) -> str:
 def job_status(record: JobRecord) -> dict[str, Any]:
     """The public view of a job record (an allow-list: nothing else leaves)."""
     error = record.error
-    if isinstance(error, dict) and isinstance(error.get("rejections"), dict):
-        error = {**error, "rejections": {**error["rejections"], "url": rejections_path(record.id)}}
+    rejections = error.get("rejections") if isinstance(error, dict) else None
+    if isinstance(error, dict) and isinstance(rejections, dict):
+        error = {**error, "rejections": {**rejections, "url": rejections_path(record.id)}}
     payload = {
         "id": record.id,
         "batchId": record.batch_id,
@@ -140,7 +120,8 @@ def job_status(record: JobRecord) -> dict[str, Any]:
         "finishedAt": _time(record.finished_at_ms),
         "nextAttemptAt": _time(record.next_attempt_at_ms),
     }
-    return _JOB_STATUS.dump(payload)
+    dumped: dict[str, Any] = _JOB_STATUS.dump(payload)
+    return dumped
 
 
 def _read_enqueue_body(req: Request) -> tuple[str, bytes]:
@@ -181,7 +162,7 @@ def _field_errors(err: ValidationError) -> dict[str, list[str]]:
 #: taken by the enqueue script itself (one Redis round trip per POST): such a
 #: body arrives with its headers or a packet or two later, so reading it
 #: before the refusal costs next to nothing. A larger or undeclared (chunked)
-#: body is refused before a byte of it is read, as issue 11 asks.
+#: body is refused before a byte of it is read.
 RATE_TOKEN_WITH_ENQUEUE_BYTES = 64 * 1024
 
 
@@ -262,7 +243,7 @@ def health(api: Api, req: Request) -> Response:
         answered = False
         reason = getattr(exc, "reason", reason)
     if not answered:
-        return json_response(503, {"status": "unavailable", "reason": reason}, (("Retry-After", "5"),))
+        return json_response(503, {"status": "unavailable", "reason": reason}, retry_after(RETRY_AFTER_UNAVAILABLE_S))
     workers = {
         "alive": len(live),
         "acceptedVersions": sorted(frozenset().union(*live)),

@@ -21,7 +21,7 @@ In this order, for each request:
    request.length_required``) unless it carries a ``Content-Digest``; a body
    whose ``Content-Digest`` does not match is ``400 request.digest_mismatch``
    (handlers/digest.py);
-5. the handler (routes.call);
+5. the handler (the resolved route's ``answer``);
 6. the common answer headers (``Cache-Control: no-store``,
    ``X-Content-Type-Options: nosniff``); a HEAD answer carries no body.
 
@@ -37,11 +37,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
+from importer.domain.ids import request_id_var
 from importer.handlers import digest
 from importer.handlers.api import Api
 from importer.handlers.auth import KeyRing
-from importer.handlers.http import Request, Response, internal_error, problem, request_id_from, request_id_var
-from importer.handlers.routes import Route, before_body, call, resolve
+from importer.handlers.answers import RETRY_AFTER_BODY_SLOT_S, answer_for, retry_after
+from importer.handlers.http import Request, Response, problem, request_id_from
+from importer.handlers.problems import BodyIncomplete, BodyTimeout, BodyTooLarge, UploadsBusy
+from importer.handlers.routes import Resolved, resolve
 
 log = logging.getLogger("importer.http")
 
@@ -54,22 +57,6 @@ COMMON_HEADERS: tuple[tuple[str, str], ...] = (
     ("Cache-Control", "no-store"),
     ("X-Content-Type-Options", "nosniff"),
 )
-
-
-class BodyTooLarge(Exception):
-    """The body is larger than the transport's limit."""
-
-
-class BodyIncomplete(Exception):
-    """The connection ended before the whole body arrived."""
-
-
-class BodyTimeout(Exception):
-    """The body did not arrive before its deadline."""
-
-
-class UploadsBusy(Exception):
-    """Every upload slot of this process is taken."""
 
 
 class Body(Protocol):
@@ -150,9 +137,8 @@ def handle(
     try:
         try:
             response = _handle(api, keys, head, body, limit, slots, read_slots or UploadSlots(0))
-        except Exception:
-            log.exception("unhandled error", extra={"event": "http.internal_error"})
-            response = internal_error()
+        except Exception as exc:
+            response = answer_for(exc, path=head.path)
         return finish(head.method, response, request_id)
     finally:
         request_id_var.reset(token)
@@ -166,18 +152,18 @@ def _handle(
     resolved = resolve(keys, head)
     if isinstance(resolved, Response):
         return resolved
-    route, req = resolved
-    if route.method != "POST":
-        return call(api, route, req)  # no route but POST takes a body: none is read
+    req = resolved.request
+    if not resolved.takes_body:
+        return resolved.answer(api)  # no body is read
     if body.unprovable and "content-digest" not in req.headers:
         log.warning("unprovable body refused", extra={"event": "http.length_required"})
         return problem("request.length_required", instance=req.path)
-    refused = before_body(api, route, req)  # the owner's rate limit
+    refused = resolved.check_before_body(api)  # the owner's rate limit
     if refused is not None:
         return refused
     if not read_slots.take(READ_SLOT_WAIT_S):
         log.warning("body-read slots busy", extra={"event": "http.body_reads_busy"})
-        return problem("service.busy", instance=req.path, headers=(("Retry-After", "1"),))
+        return problem("service.busy", instance=req.path, headers=retry_after(RETRY_AFTER_BODY_SLOT_S))
     taken = False
 
     def on_large() -> None:
@@ -188,29 +174,21 @@ def _handle(
             taken = True
 
     try:
-        return _read_and_call(api, route, req, body, limit, on_large, read_slots.give_back)
+        return _read_and_answer(api, resolved, body, limit, on_large, read_slots.give_back)
     finally:
         if taken:
             slots.give_back()
             api.release_memory()  # the upload's buffers are freed by now: give them back to the OS
 
 
-def _read_and_call(
-    api: Api, route: Route, req: Request, body: Body, limit: int, on_large: Callable[[], None], done: Callable[[], None]
+def _read_and_answer(
+    api: Api, resolved: Resolved, body: Body, limit: int, on_large: Callable[[], None], done: Callable[[], None]
 ) -> Response:
+    req = resolved.request
     try:
         data = body.read(limit, on_large, time.monotonic() + api.body_timeout_s, done)
-    except BodyTimeout:
-        log.warning("body too slow", extra={"event": "http.body_timeout", "timeout_s": api.body_timeout_s})
-        return problem("request.timeout", instance=req.path)
-    except BodyTooLarge:
-        return problem("request.too_large", instance=req.path)
-    except BodyIncomplete as err:
-        log.warning("incomplete body", extra={"event": "http.body_incomplete", "reason": str(err)})
-        return problem("request.incomplete", instance=req.path)
-    except UploadsBusy:
-        log.warning("upload slots busy", extra={"event": "http.uploads_busy"})
-        return problem("service.busy", instance=req.path, headers=(("Retry-After", "1"),))
+    except (BodyTimeout, BodyTooLarge, BodyIncomplete, UploadsBusy) as exc:
+        return answer_for(exc, path=req.path)
     if "content-digest" in req.headers:
         # Checked once the body is read (a refusal then leaves no unread bytes
         # for the server to reset the connection over).
@@ -222,7 +200,7 @@ def _read_and_call(
         if not digest.matches(digests, data):
             log.warning("body does not match its Content-Digest", extra={"event": "http.digest_mismatch", "bytes": len(data)})
             return problem("request.digest_mismatch", instance=req.path)
-    return call(api, route, req.with_body(data))
+    return resolved.answer(api, data)
 
 
 def finish(method: str, response: Response, request_id: str) -> Response:

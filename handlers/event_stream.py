@@ -23,19 +23,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from importer.domain.jobs import FINISHED_STATES, JobRecord
+from importer.domain.ports import JobEventSource
 
 log = logging.getLogger("importer.http")
 
 #: A Redis stream id, as given back by the client in Last-Event-ID.
 STREAM_ID = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")
-
-
-class JobEventSource(Protocol):
-    def get_owned_job(self, job_id: str, owner: str) -> JobRecord | None: ...
-    def job_events(self, job_id: str, after_id: str, block_ms: int | None) -> list[dict[str, Any]]: ...
 
 
 class StreamSlots:

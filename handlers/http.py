@@ -5,19 +5,15 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Mapping
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from importer.domain.errors import explain
-from importer.handlers.ids import random_hex
+from importer.domain.ids import random_hex, request_id_var
 from importer.handlers.problems import ApiError, status_of
 
 PROBLEM_TYPE_BASE = "https://importer.example/problems/"
 
-#: The id of the request being handled in this thread/context (None outside a
-#: request). The JSON log formatter adds it to every line as ``requestId``.
-request_id_var: ContextVar[str | None] = ContextVar("importer_request_id", default=None)
 
 #: An incoming X-Request-Id is kept when it looks like an id (a proxy's or
 #: the client's); anything else is replaced by a fresh one.
@@ -109,5 +105,6 @@ def problem_of(error: ApiError) -> Response:
 def internal_error() -> Response:
     """500 naming the request id (which is on every log line of the request)."""
     request_id = request_id_var.get()
-    extra = {"requestId": request_id} if request_id else {}
-    return problem("internal", **extra)
+    if request_id:
+        return problem("internal", requestId=request_id)
+    return problem("internal")

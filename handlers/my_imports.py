@@ -9,6 +9,7 @@ import base64
 import binascii
 import re
 
+from importer.handlers.answers import RETRY_AFTER_STREAM_SLOT_S, retry_after
 from importer.handlers.api import Api, job_status
 from importer.handlers.event_stream import STREAM_ID, JobEventStream
 from importer.handlers.http import Request, Response, json_response
@@ -73,7 +74,7 @@ def job_events(api: Api, req: Request) -> Response:
     after_id = last_id if STREAM_ID.fullmatch(last_id) else "0-0"
     streams = api.event_streams
     if not streams.slots.try_acquire():
-        raise ApiError("service.busy", (("Retry-After", "5"),))
+        raise ApiError("service.busy", retry_after(RETRY_AFTER_STREAM_SLOT_S))
     stream = JobEventStream(
         api.store,
         streams,

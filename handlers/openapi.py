@@ -126,7 +126,7 @@ def build_spec() -> APISpec:
     for name, schema in _SCHEMAS.items():
         spec.components.schema(name, schema=schema)
     spec.components.header("X-Request-Id", REQUEST_ID_HEADER)
-    paths: dict[str, dict[str, dict]] = {}
+    paths: dict[str, dict[str, dict[str, Any]]] = {}
     for route in ROUTES:
         operation = copy.deepcopy(route.operation)
         responses = {**operation["responses"], **error_responses(route)}

@@ -53,6 +53,22 @@ HEADERS_OF: dict[str, dict[str, str]] = {
 }
 
 
+class BodyTooLarge(Exception):
+    """The body is larger than the transport's limit."""
+
+
+class BodyIncomplete(Exception):
+    """The connection ended before the whole body arrived."""
+
+
+class BodyTimeout(Exception):
+    """The body did not arrive before its deadline."""
+
+
+class UploadsBusy(Exception):
+    """Every upload slot of this process is taken."""
+
+
 @dataclass
 class ApiError(Exception):
     """A request refused with a stable code; ``extra`` members go into the problem document."""

@@ -19,8 +19,8 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
-from typing import Protocol
 
+from importer.domain.ports import ReceiptStore
 from importer.domain.receipt import StoredReceipt, stored_lines, whole_lines
 from importer.handlers.api import Api
 from importer.handlers.http import Request, Response
@@ -36,11 +36,6 @@ JSON, CSV = "application/json", "text/csv"
 CSV_HEADER = b"sku,before,after\n"
 
 _RECEIPT_HEAD = ReceiptSchema(exclude=("items",))
-
-
-class ReceiptStore(Protocol):
-    def get_owned_receipt(self, batch_id: str, owner: str, head_bytes: int) -> StoredReceipt | None: ...
-    def read_receipt(self, batch_id: str, start: int, length: int) -> bytes: ...
 
 
 # -- content negotiation ---------------------------------------------------------

@@ -1,7 +1,7 @@
 """The route table: one place that maps (method, path) to a handler, its
 authentication, its OpenAPI operation and the error codes it can answer;
-and :func:`resolve` / :func:`call` (the edge runs them before and after
-reading the body), the one place that turns raised errors into problem
+and :func:`resolve`, which the edge calls once per request: the
+:class:`Resolved` route then runs its before-body checks and its handler, the one place that turns raised errors into problem
 responses (statuses from handlers/problems.py)."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from importer.domain.errors import DomainError
 from importer.domain.shipment import BATCH_ID_PATTERN
 from importer.handlers import api as h
 from importer.handlers import console, my_imports, receipts, rejections
+from importer.handlers.answers import answer_for
 from importer.handlers.auth import KeyRing, bearer_token
-from importer.handlers.http import Request, Response, internal_error, problem, problem_of
-from importer.handlers.problems import ApiError, api_error_for
+from importer.handlers.http import Request, Response, problem_of
+from importer.handlers.problems import ApiError
 
 log = logging.getLogger("importer.http")
 
@@ -282,49 +282,54 @@ ROUTES: tuple[Route, ...] = (
 )
 
 
-def resolve(keys: KeyRing, req: Request) -> tuple[Route, Request] | Response:
+@dataclass(frozen=True)
+class Resolved:
+    """A request matched to its route, its owner authenticated; what the edge
+    does with it next, each step's errors answered by handlers/answers.py."""
+
+    route: Route
+    request: Request
+
+    @property
+    def takes_body(self) -> bool:
+        return self.route.method == "POST"
+
+    def check_before_body(self, api: h.Api) -> Response | None:
+        """The route's checks that come before its body is read (the rate limit): None, or the refusal."""
+        req = self.request
+        for check in self.route.before_body:
+            refused = _mapped(api, req, lambda: check(api, req))
+            if refused is not None:
+                return refused
+        return None
+
+    def answer(self, api: h.Api, body: bytes = b"") -> Response:
+        """Call the route's handler with the request (and its body, once read)."""
+        req = self.request.with_body(body) if body else self.request
+        response = _mapped(api, req, lambda: self.route.handler(api, req))
+        assert response is not None
+        return response
+
+
+def resolve(keys: KeyRing, req: Request) -> Resolved | Response:
     """The route of a request and its authenticated owner, or the 404/405/401 answer.
 
     Needs no body: the transports call it before reading one (handlers/edge.py),
     so a request refused here costs no body read. HEAD is answered by the GET
     route (the edge drops the body)."""
     try:
-        return _route(keys, req)
+        found = _route(keys, req)
     except ApiError as err:
         return problem_of(err)
-
-
-def before_body(api: h.Api, route: Route, req: Request) -> Response | None:
-    """Run the route's checks that come before its body is read: None, or the refusal."""
-    for check in route.before_body:
-        refused = _mapped(api, req, lambda: check(api, req))
-        if refused is not None:
-            return refused
-    return None
-
-
-def call(api: h.Api, route: Route, req: Request) -> Response:
-    """Call the route's handler; map every error to a problem response."""
-    response = _mapped(api, req, lambda: route.handler(api, req))
-    assert response is not None
-    return response
+    return found if isinstance(found, Response) else Resolved(*found)
 
 
 def _mapped(api: h.Api, req: Request, step: Callable[[], Response | None]) -> Response | None:
-    """Run one step; every error it raises becomes its problem response."""
+    """Run one step; every error it raises becomes its answer (handlers/answers.py)."""
     try:
         return step()
-    except ApiError as err:
-        return problem_of(err)
-    except DomainError as exc:
-        return problem_of(api_error_for(exc, instance=req.path))
-    except api.unavailable_errors:
-        api.on_store_error()
-        log.warning("store unavailable", extra={"event": "http.store_unavailable", "path": req.path})
-        return problem("service.unavailable", headers=(("Retry-After", "5"),))
-    except Exception:
-        log.exception("unhandled error", extra={"event": "http.internal_error", "path": req.path})
-        return internal_error()
+    except Exception as exc:
+        return answer_for(exc, path=req.path, unavailable=api.unavailable_errors, on_store_error=api.on_store_error)
 
 
 def _route(keys: KeyRing, req: Request) -> tuple[Route, Request] | Response:

@@ -7,7 +7,7 @@ into the plain :class:`importer.handlers.http.Request`, calls
 back into the event response shape. Same routes, same authentication, same
 problem documents, same body limit. No AWS SDK is needed or imported.
 
-Deployment entry point: ``importer.adapters.lambda_entry.handler`` (the composition
+Deployment entry point: ``importer.adapters.processes.aws_lambda.handler`` (the composition
 root of a Lambda function, beside the worker's entry point).
 """
 
@@ -23,6 +23,7 @@ from urllib.parse import parse_qsl, unquote
 
 from importer.handlers.api import Api
 from importer.handlers.auth import KeyRing
+from importer.handlers.answers import answer_for
 from importer.handlers.edge import MemoryBody, UploadSlots, finish, handle
 from importer.handlers.http import Request, Response, problem, request_id_from
 from importer.handlers.wsgi import body_limit
@@ -206,8 +207,7 @@ def _whole(event: Event, response: Response, unavailable_errors: tuple[type[Base
     up to MAX_WHOLE_BODY; a live stream (events) cannot be held open here."""
     stream = response.stream
     assert stream is not None
-    code: str = "request.stream_unsupported"
-    headers: tuple[tuple[str, str], ...] = ()
+    failure: Response
     try:
         if response.download:
             parts: list[bytes] = []
@@ -219,16 +219,15 @@ def _whole(event: Event, response: Response, unavailable_errors: tuple[type[Base
                 parts.append(part)
             else:
                 return replace(response, body=b"".join(parts), stream=None, download=False)
-            code = "response.too_large"
-    except unavailable_errors:  # the stream already logged it; here the answer is not sent yet
-        code, headers = "service.unavailable", (("Retry-After", "5"),)
-    except Exception:
-        log.exception("unhandled error", extra={"event": "http.internal_error"})
-        code = "internal"
+            failure = problem("response.too_large")
+        else:
+            failure = problem("request.stream_unsupported")
+    except Exception as exc:  # the answer is not sent yet
+        failure = answer_for(exc, path=str(event.get("rawPath") or "/"), unavailable=unavailable_errors)
     finally:
         stream.close()
     request_id = next((v for k, v in response.headers if k == "X-Request-Id"), "") or request_id_from({})
-    return finish(_method(event), problem(code, headers=headers), request_id)
+    return finish(_method(event), failure, request_id)
 
 
 def _method(event: Event) -> str:

@@ -20,9 +20,8 @@ from urllib.parse import parse_qsl
 
 from importer.handlers.api import Api
 from importer.handlers.auth import KeyRing
-from importer.handlers.edge import (
-    LARGE_UPLOAD_BYTES, BodyIncomplete, BodyTimeout, BodyTooLarge, UploadSlots, finish, handle,
-)
+from importer.handlers.edge import LARGE_UPLOAD_BYTES, UploadSlots, finish, handle
+from importer.handlers.problems import BodyIncomplete, BodyTimeout, BodyTooLarge
 from importer.handlers.http import Request, Response, internal_error, request_id_from
 
 StartResponse = Callable[..., Any]

@@ -23,7 +23,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             pytest.fail(f"IMPORTER_REDIS_URL is set but Redis does not answer: {exc}", pytrace=False)
         yield configured
         return
-    from importer.adapters.embedded_redis import EmbeddedRedis
+    from importer.adapters.redis.embedded import EmbeddedRedis
 
     server = EmbeddedRedis(Path(tmp_path_factory.mktemp("valkey")))
     url = server.start()

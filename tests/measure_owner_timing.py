@@ -1,4 +1,4 @@
-"""Does the time of a 404 tell another owner's job from a missing one? (issue 11, item 7)
+"""Does the time of a 404 tell another owner's job from a missing one?
 
 Not a test (timings on a shared machine are no verdict); run it by hand:
 

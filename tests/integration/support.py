@@ -20,8 +20,9 @@ from typing import Any
 import redis
 
 from importer.adapters.bootstrap import clock_ms
-from importer.adapters.queue import ImportQueue, build_broker
-from importer.adapters.redis_store import RedisStore
+from importer.adapters.dramatiq.broker import build_broker
+from importer.adapters.dramatiq.producer import ImportQueue
+from importer.adapters.redis.store import RedisStore
 from importer.adapters.settings import Settings
 from importer.handlers.auth import hash_key, new_key
 
@@ -147,7 +148,7 @@ class System:
             IMPORTER_HEARTBEAT_TIMEOUT="3",
             IMPORTER_ATTEMPT_LEASE="3",
             IMPORTER_BROKER_MAINTENANCE_CHANCE="1000000",
-            IMPORTER_SWEEP_INTERVAL="0.5",
+            IMPORTER_RECONCILE_INTERVAL="0.5",
             PYTHONUNBUFFERED="1",
         )
         env["IMPORTER_QUEUE"] = self.queue_name
@@ -170,7 +171,7 @@ class System:
         self.brokers.append(queue.broker)
         return queue
 
-    def _spawn(self, name: str, args: list[str], env: dict[str, str], module: str = "importer.adapters.cli") -> Proc:
+    def _spawn(self, name: str, args: list[str], env: dict[str, str], module: str = "importer.adapters.processes.cli") -> Proc:
         log_path = self.workdir / f"{name}-{len(self.procs)}.log"
         with open(log_path, "wb") as handle:
             popen = subprocess.Popen(
@@ -195,7 +196,7 @@ class System:
         port = free_port()
         if server == "waitress":
             proc = self._spawn(
-                "http", [f"--listen=127.0.0.1:{port}", "--call", "importer.adapters.http_server:wsgi_app"],
+                "http", [f"--listen=127.0.0.1:{port}", "--call", "importer.adapters.processes.wsgi_app:wsgi_app"],
                 {**self.env, **env}, module="waitress",
             )
         else:

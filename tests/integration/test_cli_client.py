@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 def importer(system: System, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**system.env, "IMPORTER_API_KEY": system.api_key, "IMPORTER_URL": system.base_url}
     return subprocess.run(
-        [sys.executable, "-m", "importer.adapters.cli", *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "importer.adapters.processes.cli", *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
     )
 
 
@@ -63,7 +63,7 @@ def test_submit_of_a_large_file_hears_an_early_refusal(make_system: object, serv
     assert big.stat().st_size > 4 * 1024 * 1024
     wrong = {**s.env, "IMPORTER_API_KEY": "imp_wrong", "IMPORTER_URL": s.base_url}
     out = subprocess.run(
-        [sys.executable, "-m", "importer.adapters.cli", "submit", str(big), "--batch-id", "big-1"],
+        [sys.executable, "-m", "importer.adapters.processes.cli", "submit", str(big), "--batch-id", "big-1"],
         env=wrong, cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 1, out.stdout + out.stderr
@@ -104,7 +104,7 @@ def test_submit_sends_the_files_content_digest(tmp_path: Path) -> None:
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     env = {"PATH": "/usr/bin:/bin", "IMPORTER_API_KEY": "imp_x", "IMPORTER_URL": f"http://127.0.0.1:{port}"}
-    out = subprocess.run([sys.executable, "-m", "importer.adapters.cli", "submit", str(FIXTURES / "shipment-a-2026.csv"),
+    out = subprocess.run([sys.executable, "-m", "importer.adapters.processes.cli", "submit", str(FIXTURES / "shipment-a-2026.csv"),
                           "--batch-id", "dig"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     thread.join(10)
     listener.close()

@@ -220,7 +220,7 @@ def test_granian_takes_a_chunked_upload_its_content_digest_proves_whole(make_sys
 
 @pytest.fixture
 def lambda_handler(make_system: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[System, Any]]:
-    from importer.adapters import lambda_entry
+    from importer.adapters.processes import aws_lambda as lambda_entry
 
     system: System = make_system(IMPORTER_RATE_LIMIT="0")
     for name in list(os.environ):

@@ -1,4 +1,4 @@
-"""No job accepted that no worker can run (issue 14, item 3).
+"""No job accepted that no worker can run.
 
 Real `importer serve` (IMPORTER_PRODUCER_VERSION=2) and real `importer worker`
 processes with different IMPORTER_ACCEPTED_VERSIONS, on both message
@@ -47,7 +47,7 @@ def health_workers(system: System) -> dict[str, Any]:
 
 def doctor(system: System, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "importer.adapters.cli", "doctor"], env={**system.env, **env}, cwd=ROOT,
+        [sys.executable, "-m", "importer.adapters.processes.cli", "doctor"], env={**system.env, **env}, cwd=ROOT,
         capture_output=True, text=True, timeout=30,
     )
 
@@ -136,7 +136,7 @@ def test_a_killed_worker_stops_counting_after_its_window(make_system: Any) -> No
     assert_refused(system, "door-k", [1])
     # What `importer submit` tells the person at the terminal.
     submit = subprocess.run(
-        [sys.executable, "-m", "importer.adapters.cli", "submit", str(FIXTURES / "shipment-a-2026.csv"),
+        [sys.executable, "-m", "importer.adapters.processes.cli", "submit", str(FIXTURES / "shipment-a-2026.csv"),
          "--batch-id", "door-k", "--url", system.base_url],
         env={**system.env, "IMPORTER_API_KEY": system.api_key}, cwd=ROOT, capture_output=True, text=True, timeout=30,
     )

@@ -1,4 +1,4 @@
-"""Issue 2: the whole path over real HTTP, real dramatiq workers, real Redis."""
+"""the whole path over real HTTP, real dramatiq workers, real Redis."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(params=["redis", "rabbitmq"])
 def transport(request: pytest.FixtureRequest) -> str:
-    """Every scenario here runs on both message transports (issue 6)."""
+    """Every scenario here runs on both message transports."""
     return str(request.param)
 
 SEED = (FIXTURES / "shipment-a-2026.csv").read_bytes()
@@ -228,7 +228,7 @@ def test_a_worker_killed_before_the_apply_is_retried_as_attempt_2(make_system: o
 
 
 def test_a_crash_between_recording_and_sending_is_repaired_by_the_sweeper(make_system: object) -> None:
-    system = make_system(IMPORTER_UNSENT_GRACE="1")  # type: ignore[operator]
+    system = make_system(IMPORTER_WAITING_GRACE="1")  # type: ignore[operator]
     crashing = system.start_http(IMPORTER_FAULT="before_send:crash")
     store = system.store()
     if system.transport == "redis":

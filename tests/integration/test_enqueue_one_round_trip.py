@@ -14,8 +14,9 @@ import pytest
 import redis
 
 from importer.adapters.bootstrap import clock_ms
-from importer.adapters.queue import ACTOR_NAME, ImportQueue, build_broker
-from importer.adapters.redis_store import RedisStore
+from importer.adapters.dramatiq.broker import ACTOR_NAME, build_broker
+from importer.adapters.dramatiq.producer import ImportQueue
+from importer.adapters.redis.store import RedisStore
 from importer.domain.contract import encode_message
 from importer.domain.submit_import import submit_import
 from tests.integration.support import FIXTURES, System

@@ -213,7 +213,7 @@ def _submit_wait(system: System, batch_id: str, *extra: str) -> Any:
 
     env = {**system.env, "IMPORTER_API_KEY": system.api_key, "IMPORTER_URL": system.base_url}
     return subprocess.run(
-        [sys.executable, "-m", "importer.adapters.cli", "submit", str(FIXTURES / "shipment-a-2026.csv"),
+        [sys.executable, "-m", "importer.adapters.processes.cli", "submit", str(FIXTURES / "shipment-a-2026.csv"),
          "--batch-id", batch_id, "--wait", *extra],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=120,
     )

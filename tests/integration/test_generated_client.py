@@ -3,7 +3,7 @@
 
 Nothing generated is committed: the client is generated and installed (pip,
 into a temporary target) by this test. If the generator rejects or mistypes
-something, the spec is what must change (issue 6)."""
+something, the spec is what must change."""
 
 from __future__ import annotations
 

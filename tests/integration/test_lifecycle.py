@@ -1,4 +1,4 @@
-"""Issue 3: retention, durable shipment history, the events observer, and
+"""retention, durable shipment history, the events observer, and
 graceful shutdown of the worker, the HTTP server and the observer."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from importer.adapters.embedded_redis import EmbeddedRedis
+from importer.adapters.redis.embedded import EmbeddedRedis
 from importer.domain.shipment import job_id_for
 from tests.integration.support import FIXTURES, ROOT, Proc, System, free_port, wait_for
 
@@ -110,7 +110,7 @@ def _observer(system: System, *extra: str) -> tuple[subprocess.Popen[bytes], Pat
     out = system.workdir / f"events-{len(system.procs)}.out"
     with open(out, "wb") as handle, open(str(out) + ".log", "wb") as errors:
         popen = subprocess.Popen(
-            [sys.executable, "-m", "importer.adapters.cli", "events", *extra],
+            [sys.executable, "-m", "importer.adapters.processes.cli", "events", *extra],
             env=system.env, cwd=ROOT, stdout=handle, stderr=errors, start_new_session=True,
         )
     system.procs.append(Proc("events", popen, Path(str(out) + ".log")))

@@ -17,7 +17,8 @@ import pytest
 import redis
 from dramatiq.brokers.redis import _scripts as dramatiq_scripts
 
-from importer.adapters.scripts import fetch_source, lua_source
+from importer.adapters.dramatiq import private
+from importer.adapters.redis.scripts import fetch_source, lua_source
 from tests.integration.support import FIXTURES, System, stored_messages, wait_for
 
 pytestmark = pytest.mark.integration
@@ -61,7 +62,7 @@ class Monitor:
 
 def _script_calls(commands: list[str]) -> Counter[str]:
     names = {_sha(lua_source(n)): n for n in ("start", "apply", "start_apply", "fail")}
-    names[_sha(fetch_source())] = "fetch"
+    names[_sha(fetch_source(private.dispatch_script()))] = "fetch"
     dispatch = _sha(dramatiq_scripts["dispatch"])
     calls: Counter[str] = Counter()
     for line in commands:

@@ -1,5 +1,5 @@
 """A publish RabbitMQ does not confirm makes POST answer 503, and the job it
-recorded is not an orphan: the workers' sweeper sends it later (issue 6)."""
+recorded is not an orphan: the workers' sweeper sends it later."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def transport(request: pytest.FixtureRequest) -> str:
 
 
 def test_an_unconfirmed_publish_answers_503_and_the_job_recovers(make_system: object) -> None:
-    system: System = make_system(IMPORTER_UNSENT_GRACE="1")  # type: ignore[operator]
+    system: System = make_system(IMPORTER_WAITING_GRACE="1")  # type: ignore[operator]
     # This HTTP process's broker cannot confirm anything: nothing listens there.
     system.start_http(IMPORTER_BROKER_URL="amqp://guest:guest@127.0.0.1:1/%2F?connection_attempts=1&socket_timeout=2")
     status, problem = system.post_csv("unconfirmed-1", SEED)

@@ -137,7 +137,7 @@ def test_submit_wait_prints_where_the_report_is(system: System, tmp_path: object
     path.write_bytes(b"sku,quantity\nA,0\nB,x\n")
     env = {**system.env, "IMPORTER_API_KEY": system.api_key, "IMPORTER_URL": system.base_url}
     out = subprocess.run(
-        [sys.executable, "-m", "importer.adapters.cli", "submit", str(path), "--batch-id", "rej-cli", "--wait"],
+        [sys.executable, "-m", "importer.adapters.processes.cli", "submit", str(path), "--batch-id", "rej-cli", "--wait"],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 1, out.stdout + out.stderr

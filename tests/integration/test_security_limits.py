@@ -1,4 +1,4 @@
-"""Issue 4: owners, error exposure, limits, the Redis guard, metrics."""
+"""owners, error exposure, limits, the Redis guard, metrics."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from importer.adapters.embedded_redis import EmbeddedRedis
+from importer.adapters.redis.embedded import EmbeddedRedis
 from importer.handlers.api import RATE_TOKEN_WITH_ENQUEUE_BYTES
 from tests.integration.support import FIXTURES, ROOT, System, free_port, wait_for
 
@@ -97,7 +97,7 @@ def test_a_transient_failure_shows_a_code_never_the_traceback(make_system: objec
     assert system.store().generation() == 0
     # The operator sees the diagnostic; the traceback is in the log.
     out = subprocess.run(
-        [sys.executable, "-m", "importer.adapters.cli", "inspect", "shipment-slow-1"],
+        [sys.executable, "-m", "importer.adapters.processes.cli", "inspect", "shipment-slow-1"],
         env=system.env, cwd=ROOT, capture_output=True, text=True, timeout=30,
     )
     assert out.returncode == 0 and "TimeLimitExceeded" in json.loads(out.stdout)["diagnostic"]
@@ -207,7 +207,7 @@ def test_an_evicting_redis_is_refused_unless_overridden(tmp_path: Path, make_sys
         system = make_system(IMPORTER_REDIS_URL=url)  # type: ignore[operator]
         for command in (["serve", "--bind", f"127.0.0.1:{free_port()}"], ["worker"]):
             out = subprocess.run(
-                [sys.executable, "-m", "importer.adapters.cli", *command], env=system.env, cwd=ROOT,
+                [sys.executable, "-m", "importer.adapters.processes.cli", *command], env=system.env, cwd=ROOT,
                 capture_output=True, text=True, timeout=60,
             )
             assert out.returncode != 0
@@ -266,13 +266,13 @@ def test_metrics_are_off_without_a_token(system: System) -> None:
 
 def test_doctor_prints_a_checklist(system: System) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "importer.adapters.cli", "doctor"], env=system.env, cwd=ROOT,
+        [sys.executable, "-m", "importer.adapters.processes.cli", "doctor"], env=system.env, cwd=ROOT,
         capture_output=True, text=True, timeout=30,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     for item in ("Redis reachable", "maxmemory-policy: noeviction", "persistence", "queue", "oldest waiting job"):
         assert item in out.stdout
     wait_for(lambda: "1 worker process(es)" in subprocess.run(
-        [sys.executable, "-m", "importer.adapters.cli", "doctor"], env=system.env, cwd=ROOT,
+        [sys.executable, "-m", "importer.adapters.processes.cli", "doctor"], env=system.env, cwd=ROOT,
         capture_output=True, text=True, timeout=30,
     ).stdout, 10, 0.5, message="doctor sees the worker")

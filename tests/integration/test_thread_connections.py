@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from importer.adapters.redis_store import ImporterRedis
+from importer.adapters.redis.client import ImporterRedis
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""Issue 10 item 5: no orphaned worker processes. When the `importer worker`
+"""no orphaned worker processes. When the `importer worker`
 parent (dramatiq's main process) dies by SIGKILL, its children stop taking
 work, finish what is in flight, give back what they prefetched, and exit."""
 

@@ -5,6 +5,7 @@ A dict-backed JobStore and a list-backed MessageSender; no mocks.
 
 from __future__ import annotations
 
+from typing import Any
 from dataclasses import dataclass, field, replace
 
 from importer.domain.contract import live_workers_can_run
@@ -219,10 +220,13 @@ class FakeAttemptStore:
     failures: list[tuple[str, bool]] = field(default_factory=list)
     #: The store calls, in order ('start', 'apply', 'start_and_apply', 'fail').
     calls: list[str] = field(default_factory=list)
+    #: The acks handed to start_and_apply, in order.
+    acks: list[Any] = field(default_factory=list)
 
     def start_and_apply(
-        self, *, job_id: str, upload_id: str, batch_id: str, shipment: Shipment,
+        self, *, job_id: str, upload_id: str, batch_id: str, shipment: Shipment, ack: Any = None,
     ) -> tuple[StartOutcome, ApplyResult | None]:
+        self.acks.append(ack)
         outcome = self.start_attempt(job_id, upload_id)
         self.calls[-1] = "start_and_apply"
         if outcome.started is None:

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from importer.adapters.cli import build_parser
+from importer.adapters.processes.cli import build_parser
 from importer.adapters.settings import ClientSettings, DevSettings, Settings, SettingsError, child_env
 
 
@@ -52,7 +52,7 @@ def test_the_parser_leaves_environment_defaults_to_the_settings() -> None:
 
 
 def test_the_demo_csv_of_an_installed_package_is_the_fixture() -> None:
-    from importer.adapters.cli_processes import DEMO_CSV, DEMO_FIXTURE
+    from importer.adapters.processes.commands import DEMO_CSV, DEMO_FIXTURE
 
     assert DEMO_FIXTURE.read_bytes() == DEMO_CSV
 
@@ -60,10 +60,44 @@ def test_the_demo_csv_of_an_installed_package_is_the_fixture() -> None:
 def test_importer_worker_bounds_the_idle_poll_unless_the_operator_set_it() -> None:
     """An idle dramatiq consumer waits up to its worker timeout between polls:
     importer worker makes that 100 ms (dramatiq's own default is 1 s)."""
-    from importer.adapters.cli_processes import worker_env
+    from importer.adapters.processes.commands import worker_env
 
     args = build_parser().parse_args(["worker"])
     settings = Settings.from_env({"IMPORTER_REDIS_URL": "redis://127.0.0.1:1/0"})
     assert worker_env(args, settings, env={})["dramatiq_worker_timeout"] == "100"
     assert worker_env(args, settings, env={"dramatiq_worker_timeout": "250"})["dramatiq_worker_timeout"] == "250"
     assert worker_env(args, settings, env={})["dramatiq_queue_prefetch"] == "64"  # the measured default
+
+
+def test_the_log_format_is_json_for_services_and_text_for_importer_dev_unless_set() -> None:
+    assert Settings.from_env({}).log_format == "json"
+    assert Settings.from_env({"IMPORTER_LOG_FORMAT": "text"}).log_format == "text"
+    assert DevSettings.from_env({}).log_format == "text"
+    assert DevSettings.from_env({"IMPORTER_LOG_FORMAT": "json"}).log_format == "json"
+    assert DevSettings.from_env({"IMPORTER_LOG_FORMAT": ""}).log_format == "text"
+    for reader in (Settings.from_env, DevSettings.from_env):
+        with pytest.raises(SettingsError, match="IMPORTER_LOG_FORMAT must be json or text"):
+            reader({"IMPORTER_LOG_FORMAT": "yaml"})
+
+
+def test_the_old_names_of_the_reconciler_settings_are_not_read() -> None:
+    """IMPORTER_UNSENT_GRACE and IMPORTER_SWEEP_INTERVAL (the unsent sweeper's
+    names) were dropped for IMPORTER_WAITING_GRACE and IMPORTER_RECONCILE_INTERVAL."""
+    defaults = Settings.from_env({})
+    old = Settings.from_env({"IMPORTER_UNSENT_GRACE": "1", "IMPORTER_SWEEP_INTERVAL": "0.5"})
+    assert (old.waiting_grace_s, old.reconcile_interval_s) == (defaults.waiting_grace_s, defaults.reconcile_interval_s)
+    new = Settings.from_env({"IMPORTER_WAITING_GRACE": "1", "IMPORTER_RECONCILE_INTERVAL": "0.5"})
+    assert (new.waiting_grace_s, new.reconcile_interval_s) == (1.0, 0.5)
+    from pathlib import Path
+
+    import importer.adapters.settings
+
+    source = Path(importer.adapters.settings.__file__).read_text()
+    assert "IMPORTER_UNSENT_GRACE" not in source and "IMPORTER_SWEEP_INTERVAL" not in source
+
+
+def test_importer_dev_waits_for_the_longest_shutdown_of_its_processes() -> None:
+    from importer.adapters.processes.commands import HTTP_GRACEFUL_TIMEOUT_S, STOP_MARGIN_S, _stop_timeout
+
+    assert _stop_timeout({}) == max(30.0, 2.0 + HTTP_GRACEFUL_TIMEOUT_S) + STOP_MARGIN_S
+    assert _stop_timeout({"IMPORTER_WORKER_SHUTDOWN_TIMEOUT": "120"}) == 120 + STOP_MARGIN_S

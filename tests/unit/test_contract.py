@@ -100,7 +100,7 @@ def test_version_2_not_accepted_by_a_version_1_worker() -> None:
     assert info.value.version == 2
 
 
-# -- the door check (item 3 of issue 14): plain data in, a decision out ----------------
+# -- the door check: plain data in, a decision out ----------------
 
 
 @pytest.mark.parametrize(("version", "live", "runs"), [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from importer.adapters.event_stream_client import _messages, apply_event
+from importer.adapters.processes.event_stream_client import _messages, apply_event
 
 
 def test_messages_skip_comments_and_retry_lines_and_join_fields() -> None:

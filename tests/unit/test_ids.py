@@ -7,7 +7,7 @@ import random
 import re
 import uuid
 
-from importer.handlers.ids import random_hex, random_uuid
+from importer.domain.ids import random_hex, random_uuid
 
 
 def test_random_hex_is_128_bits_of_hex() -> None:

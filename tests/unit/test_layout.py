@@ -50,3 +50,45 @@ def test_only_the_settings_module_reads_the_environment() -> None:
         if "os.environ" in p.read_text()
     )
     assert readers == ["adapters/settings.py"]
+
+
+#: The adapters that may import handlers/: the wiring and the process entries.
+#: The Redis and dramatiq code, logs, settings and metrics never do.
+MAY_IMPORT_HANDLERS = ("adapters/bootstrap.py", "adapters/processes/")
+
+
+@pytest.mark.parametrize("path", modules("adapters"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_only_the_wiring_and_the_process_entries_import_handlers(path: Path) -> None:
+    relative = str(path.relative_to(ROOT))
+    if relative.startswith(MAY_IMPORT_HANDLERS):
+        return
+    assert not {n for n in imports_of(path) if n.startswith("importer.handlers")}, relative
+
+
+@pytest.mark.parametrize("path", modules("adapters/redis"), ids=lambda p: p.name)
+def test_the_store_knows_nothing_of_the_queue_or_the_processes(path: Path) -> None:
+    bad = {n for n in imports_of(path) if n.startswith(("importer.adapters.dramatiq", "importer.adapters.processes",
+                                                          "importer.adapters.bootstrap", "dramatiq"))}
+    assert not bad, f"{path.name} imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("path", modules("adapters/dramatiq"), ids=lambda p: p.name)
+def test_the_queue_does_not_climb_into_the_processes_or_the_wiring(path: Path) -> None:
+    bad = {n for n in imports_of(path) if n.startswith(("importer.adapters.processes", "importer.adapters.bootstrap"))}
+    assert not bad, f"{path.name} imports {sorted(bad)}"
+
+
+def test_dramatiqs_private_api_is_used_in_one_module_only() -> None:
+    users = sorted(
+        str(p.relative_to(ROOT)) for p in modules("adapters")
+        if any(name in p.read_text() for name in ("_RedisConsumer", "._dispatch(", "._should_do_maintenance(",
+                                                   "._max_unpack_size(", "import _scripts", "_run_exposition_server"))
+    )
+    assert users == ["adapters/dramatiq/private.py"]
+
+
+@pytest.mark.parametrize("path", [p for folder in ("domain", "adapters", "handlers") for p in modules(folder)],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_is_a_god_module(path: Path) -> None:
+    lines = len(path.read_text().splitlines())
+    assert lines <= 420, f"{path.relative_to(ROOT)} has {lines} lines: cut it along what it does"

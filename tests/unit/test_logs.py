@@ -62,3 +62,129 @@ def test_worker_lines_go_to_descriptor_2_not_through_a_replaced_sys_stderr(tmp_p
     assert done.stdout == b"''"  # nothing went to the replaced sys.stderr
     [line] = err.read_text().splitlines()
     assert (json.loads(line)["event"], json.loads(line)["jobId"]) == ("import.applied", "shipment-a")
+
+
+def _text_line(record_fields: dict[str, object], *, logger_name: str = "importer.worker", level: int = logging.INFO) -> str:
+    from importer.adapters.logs import TextFormatter
+
+    stream = Writes()
+    handler = LineHandler(stream)  # type: ignore[arg-type]
+    handler.setFormatter(TextFormatter())
+    logger = logging.getLogger(logger_name)
+    logger.handlers[:] = [handler]
+    logger.propagate = False
+    logger.setLevel(logging.DEBUG)
+    try:
+        log_event(logger, str(record_fields.pop("event")), level, **record_fields)
+    finally:
+        logger.handlers[:] = []
+        logger.propagate = True
+    [write] = stream.writes
+    assert write.endswith("\n")
+    return write[:-1]
+
+
+def test_a_text_line_is_time_level_event_and_its_fields() -> None:
+    import re
+
+    line = _text_line({"event": "worker.completed", "jobId": "shipment-a", "batchId": "a", "imported": 3})
+    assert re.fullmatch(r"\d\d:\d\d:\d\d info  worker\.completed jobId=shipment-a batchId=a imported=3", line), line
+    line = _text_line({"event": "redis.no_persistence", "hint": "enable AOF", "accepts": [1, 2], "ok": True}, level=logging.WARNING)
+    assert line.split(" ", 1)[1] == 'warning redis.no_persistence hint="enable AOF" accepts=[1,2] ok=true'
+    # A value that would break the line or the key=value reading is quoted.
+    line = _text_line({"event": "http.refused", "detail": "a\nb", "empty": "", "eq": "k=v", "none": None})
+    assert line.split(" ", 3)[3] == 'http.refused detail="a\\nb" empty="" eq="k=v" none=null'
+    assert "\n" not in line
+
+
+def test_a_text_line_carries_the_request_id_and_the_traceback() -> None:
+    from importer.adapters.logs import TextFormatter
+    from importer.domain.ids import request_id_var
+
+    formatter = TextFormatter()
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        import sys
+
+        record = logging.LogRecord("importer.http", logging.ERROR, __file__, 1, "http.failed", (), sys.exc_info())
+    record.event = "http.failed"
+    record.jobId = "j-1"
+    token = request_id_var.set("req-7")
+    try:
+        text = formatter.format(record)
+    finally:
+        request_id_var.reset(token)
+    first, *rest = text.splitlines()
+    assert first.split(" ", 1)[1] == "error http.failed jobId=j-1 requestId=req-7"
+    assert rest[0] == "Traceback (most recent call last):" and rest[-1] == "ValueError: boom"
+
+
+def test_a_text_line_of_another_library_names_its_logger_and_one_with_its_own_message_keeps_it() -> None:
+    from importer.adapters.logs import TextFormatter
+
+    formatter = TextFormatter()
+    record = logging.LogRecord("dramatiq.WorkerProcess(0)", logging.INFO, __file__, 1, "Worker %s ready.", ("process",), None)
+    assert formatter.format(record).split(" ", 1)[1] == "info  dramatiq.WorkerProcess(0): Worker process ready."
+    record = logging.LogRecord("_granian", logging.WARNING, __file__, 1, "Listening", (), None)
+    assert formatter.format(record).split(" ", 1)[1] == "warning granian: Listening"
+    record = logging.LogRecord("importer.http", logging.WARNING, __file__, 1, "store unavailable", (), None)
+    record.event = "http.stream_store_unavailable"
+    assert formatter.format(record).split(" ", 1)[1] == 'warning http.stream_store_unavailable msg="store unavailable"'
+
+
+def test_configure_logging_follows_importer_log_format(tmp_path: Path) -> None:
+    """JSON unless IMPORTER_LOG_FORMAT=text; each in a process of its own (it sets the root logger)."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    code = (
+        "import logging\n"
+        "from importer.adapters.logs import configure_logging, log_event\n"
+        "configure_logging()\n"
+        "log_event(logging.getLogger('importer.worker'), 'import.applied', jobId='shipment-a')\n"
+    )
+    lines = {}
+    for value in ("", "json", "text", "TEXT"):
+        env = {k: v for k, v in os.environ.items() if k != "IMPORTER_LOG_FORMAT"}
+        if value:
+            env["IMPORTER_LOG_FORMAT"] = value
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        lines[value] = done.stderr.strip()
+    assert json.loads(lines[""])["event"] == json.loads(lines["json"])["event"] == "import.applied"
+    for value in ("text", "TEXT"):
+        assert re.fullmatch(r"\d\d:\d\d:\d\d info  import\.applied jobId=shipment-a", lines[value]), lines[value]
+
+
+def test_granian_lines_follow_the_format_and_only_its_threads_warning_up_to_the_measured_count_is_dropped() -> None:
+    """granian's own logger, configured as granian does it (granian.log.configure_logging)."""
+    import subprocess
+    import sys
+
+    code = (
+        "from granian.log import LogLevels, configure_logging, logger\n"
+        "from importer.adapters.processes.granian import MEASURED_THREADS, granian_log_config\n"
+        "import sys\n"
+        "configure_logging(LogLevels.warning, granian_log_config(sys.argv[1], MEASURED_THREADS))\n"
+        "for n in (MEASURED_THREADS, MEASURED_THREADS + 1):\n"
+        "    logger.warning(f'Configuration allows spawning up to {n} Python threads, which seems quite high')\n"
+        "logger.warning('Killing worker-1 after it refused to gracefully stop')\n"
+        "logger.info('Listening at: http://127.0.0.1:1')\n"
+    )
+    from importer.adapters.processes.granian import MEASURED_THREADS
+
+    for log_format in ("json", "text"):
+        done = subprocess.run([sys.executable, "-c", code, log_format], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        lines = done.stderr.splitlines()
+        assert len(lines) == 2, lines
+        messages = [json.loads(line)["msg"] for line in lines] if log_format == "json" else [line.split(": ", 1)[1] for line in lines]
+        assert messages == [
+            f"Configuration allows spawning up to {MEASURED_THREADS + 1} Python threads, which seems quite high",
+            "Killing worker-1 after it refused to gracefully stop",
+        ]
+        if log_format == "text":
+            assert all(" warning granian: " in line for line in lines), lines

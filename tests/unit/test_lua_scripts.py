@@ -1,5 +1,5 @@
 """The Lua scripts and the Python side agree on what both name: job states,
-the duration buckets, and key names (which only adapters/redis_store.py's Keys makes)."""
+the duration buckets, and key names (which only adapters/redis/keys.py makes)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from importlib import resources
 import pytest
 
 from importer.adapters.metrics import DURATION_BUCKETS_MS as METRICS_BUCKETS
-from importer.adapters.redis_store import Keys
-from importer.adapters.scripts import DURATION_BUCKETS_MS, SCRIPT_NAMES, fetch_source, lua_source
+from importer.adapters.redis.keys import Keys
+from importer.adapters.dramatiq import private
+from importer.adapters.redis.scripts import DURATION_BUCKETS_MS, SCRIPT_NAMES, fetch_source, lua_source
 from importer.domain.jobs import FINISHED_STATES, JobState
 
-LUA = resources.files("importer.adapters") / "lua"
+LUA = resources.files("importer.adapters.redis") / "lua"
 
 
 def code_of(name: str) -> str:
@@ -35,7 +36,7 @@ def test_fetch_runs_dramatiqs_own_dispatch_script_unchanged() -> None:
 
     dispatch = _scripts["dispatch"]
     dispatch = dispatch.decode() if isinstance(dispatch, bytes) else dispatch
-    source = fetch_source()
+    source = fetch_source(private.dispatch_script())
     assert source.startswith("#!lua\nlocal function dramatiq_dispatch()\n" + dispatch + "\nend\n")
     assert source.endswith((LUA / "fetch.lua").read_text(encoding="utf-8"))
 

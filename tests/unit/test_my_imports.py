@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-from dataclasses import replace
 from typing import Any
 from wsgiref.util import setup_testing_defaults
 from wsgiref.validate import validator

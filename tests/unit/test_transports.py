@@ -24,7 +24,7 @@ from urllib.parse import unquote
 
 import pytest
 
-from importer.adapters import lambda_entry as serverless_entry
+from importer.adapters.processes import aws_lambda as serverless_entry
 from importer.handlers.api import Api, Lifecycle
 from importer.handlers.auth import KeyRing, hash_key
 from importer.handlers.http import Request, Response, json_response, problem
@@ -477,9 +477,9 @@ def test_empty_body_is_an_empty_text() -> None:
 def test_importing_the_lambda_entry_builds_and_connects_nothing() -> None:
     code = (
         "import sys\n"
-        "import importer.adapters.lambda_entry as s\n"
+        "import importer.adapters.processes.aws_lambda as s\n"
         "assert callable(s.handler) and s._deployed is None\n"
-        "outside = sorted(m for m in sys.modules if m in ('importer.adapters.bootstrap', 'importer.adapters.redis_store') or m.split('.')[0] in "
+        "outside = sorted(m for m in sys.modules if m in ('importer.adapters.bootstrap', 'importer.adapters.redis.store') or m.split('.')[0] in "
         "('importer.adapters.bootstrap', 'redis', 'dramatiq', 'gunicorn', 'boto3', 'botocore', 'awslambdaric'))\n"
         "assert not outside, outside\n"
     )
@@ -506,7 +506,7 @@ def fresh_module_handler(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @dataclass
 class FakeHttpSide:
-    """What importer.adapters.lambda_entry uses of importer.adapters.bootstrap.HttpSide."""
+    """What importer.adapters.processes.aws_lambda uses of importer.adapters.bootstrap.HttpSide."""
 
     api: Api
 

@@ -6,10 +6,9 @@ import pytest
 
 from importer.domain.contract import encode_message
 from importer.domain.run_import import PermanentImportFailure, run_import
-from importer.domain.errors import BatchConflict, RateLimited
+from importer.domain.errors import BatchConflict
 from importer.domain.submit_import import submit_import
 from importer.domain.jobs import ShipmentRecord
-from importer.domain.ports import EnqueueOutcome
 from importer.domain.shipment import content_key
 from tests.unit.fakes import EventRecorder, FakeAttemptStore, FakeSender, FakeStore
 

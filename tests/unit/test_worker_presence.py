@@ -1,12 +1,12 @@
-"""[door] A worker process's presence beat (adapters/worker_presence.py), against a small recording store."""
+"""[door] A worker process's presence beat (adapters/dramatiq/presence.py), against a small recording store."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from importer.adapters.redis_store import StoreUnavailable
+from importer.adapters.redis.client import StoreUnavailable
 from importer.adapters.settings import Settings
-from importer.adapters.worker_presence import WorkerPresence, new_worker_id
+from importer.adapters.dramatiq.presence import WorkerPresence, new_worker_id
 
 
 @dataclass

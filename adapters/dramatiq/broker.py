@@ -1,0 +1,223 @@
+"""The broker: dramatiq with this service's middleware and options, on Redis or RabbitMQ.
+
+dramatiq's defaults are not this service's, so every option is set here:
+
+* Retries: dramatiq retries 20 times from 15 s on. An import gets 3 attempts
+  in total (max_retries=2) with exponential backoff from 1 s, because a
+  person is watching it and its transient causes (Redis blip, time limit)
+  either clear within seconds or need a human.
+* TimeLimit: dramatiq allows 10 minutes. One attempt gets 60 s by default
+  (IMPORTER_TIME_LIMIT): the largest allowed file validates and applies in
+  well under a second, so a minute means something is stuck.
+* Heartbeat timeout: dramatiq waits 60 s before a dead worker's messages are
+  redelivered. 15 s by default (IMPORTER_HEARTBEAT_TIMEOUT): a redelivered
+  import is harmless (the done marker), a stalled one is what users see.
+* Maintenance chance: how often the broker looks for dead workers; dramatiq's
+  default leaves a dead worker's message alone for minutes on an idle queue.
+* Permanent failures (invalid CSV, unsupported contract version, conflict,
+  overflow) are in the actor's ``throws``: recorded as failed, never retried.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import dramatiq
+import redis
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.common import current_millis
+from dramatiq.middleware import CurrentMessage, Middleware, Retries, ShutdownNotifications, TimeLimit
+
+from importer.adapters.dramatiq import private
+from importer.adapters.logs import log_event
+from importer.adapters.redis.keys import Keys
+from importer.adapters.redis.records import QueueAck
+from importer.adapters.redis.scripts import fetch_source
+from importer.adapters.settings import Settings
+
+log = logging.getLogger("importer.worker")
+
+
+ACTOR_NAME = "import_shipment"
+
+def build_broker(
+    settings: Settings, client: Any, *, worker_middleware: list[Middleware] | None = None,
+    recorder: Middleware | None = None,
+) -> dramatiq.Broker:
+    """The broker with its middleware declared explicitly (no global broker).
+
+    The transport is configuration only (IMPORTER_BROKER_URL): Redis by
+    default (the store's own Redis), or RabbitMQ with publisher confirms, so a
+    POST answers 202 only once RabbitMQ has stored the message. Nothing else in
+    the code base depends on which one it is.
+    """
+    # dramatiq runs before_* hooks in list order and after_* hooks in reverse.
+    # TimeLimit is listed last: it arms the attempt's timer right before the
+    # actor and disarms it first after it, so no after_* hook (the retry's
+    # enqueue, the failure write) runs under the timer. Before, a hook blocked
+    # on a stopped Redis (a socket timeout long) was hit by TimeLimit's
+    # asynchronous exception, which killed the dramatiq worker thread while
+    # its consumer kept fetching messages nobody ran (fault suite, Redis
+    # SIGSTOP). The recorder (AttemptRecorder) is listed first: it runs last.
+    middleware: list[Middleware] = [
+        *([recorder] if recorder is not None else []),
+        ShutdownNotifications(notify_shutdown=False),
+        CurrentMessage(),
+        Retries(
+            max_retries=settings.max_attempts - 1,
+            min_backoff=settings.min_backoff_ms,
+            max_backoff=settings.max_backoff_ms,
+        ),
+        *(worker_middleware or []),
+        TimeLimit(time_limit=int(settings.time_limit_s * 1000), interval=100),
+    ]
+    url = settings.broker_url
+    if url and url.startswith(("amqp://", "amqps://")):
+        from dramatiq.brokers.rabbitmq import RabbitmqBroker
+
+        return RabbitmqBroker(url=_with_amqp_timeouts(url), confirm_delivery=True, middleware=middleware)
+    keys = Keys(settings.key_prefix)
+    # The uploads come with their messages only when the broker's Redis is the
+    # store's (one script reads both). Fault injection (tests) keeps the
+    # separate steps: its points sit between them.
+    one_step = 0 if url or settings.fault else settings.one_step_max_bytes
+    return ImporterRedisBroker(
+        client=client if not url else None,
+        url=url,
+        namespace=keys.dramatiq,
+        middleware=middleware,
+        heartbeat_timeout=int(settings.heartbeat_timeout_s * 1000),
+        maintenance_chance=settings.maintenance_chance,
+        dead_message_ttl=86_400_000,
+        handover=MessageHandover(settings.queue_name, keys.upload(""), one_step),
+    )
+
+class MessageHandover:
+    """What dramatiq's consumer hands the import actor beside a message, and back.
+
+    * Small uploads: the fetch (fetch.lua) brings the upload of each fetched
+      import message of at most ``max_bytes`` with it, kept here by the
+      message's ``redis_message_id`` until the actor takes it. The actor then
+      parses and validates it first and runs the attempt as one script
+      (start_apply.lua), which also acknowledges the message.
+    * Acknowledged by the script: those messages' ids, so that the consumer
+      skips dramatiq's own ack (one round trip and one script call fewer per import).
+
+    Shared by the consumer thread and the worker threads of one process (dict
+    and set operations are atomic under the GIL).
+    """
+
+    #: A bound on uploads kept for messages no actor took (a consumer closed
+    #: with messages in its cache, a message of a removed job...).
+    MAX_KEPT = 10_000
+
+    def __init__(self, queue_name: str, upload_prefix: str, max_bytes: int) -> None:
+        self.queue_name = queue_name
+        self.upload_prefix = upload_prefix
+        self.max_bytes = max_bytes
+        self.namespace = ""
+        self.worker_id = ""
+        self._uploads: dict[str, bytes] = {}
+        self._acked: set[str] = set()
+
+    def keep(self, redis_message_ids: list[Any], uploads: list[bytes]) -> None:
+        if len(self._uploads) > self.MAX_KEPT:
+            self._uploads.clear()  # the actor then takes the separate steps: nothing is lost
+        for rid, upload in zip(redis_message_ids, uploads):
+            self._uploads[rid.decode() if isinstance(rid, bytes) else rid] = upload
+
+    def drop(self, redis_message_ids: list[str]) -> None:
+        for rid in redis_message_ids:
+            self._uploads.pop(rid, None)
+
+    def take(self, message: Any) -> tuple[bytes, QueueAck] | None:
+        """The upload that came with this message and the ack the script makes, or None."""
+        rid = message.options.get("redis_message_id") if message is not None else None
+        if not rid:
+            return None
+        upload = self._uploads.pop(rid, None)
+        if upload is None:
+            return None
+        ns = self.namespace
+        return upload, QueueAck(
+            acks_key=private.acks_key(ns, self.worker_id, self.queue_name),
+            messages_key=private.messages_key(ns, self.queue_name), heartbeats_key=private.heartbeats_key(ns),
+            redis_message_id=rid, worker_id=self.worker_id, acknowledged=lambda: self._acked.add(rid),
+        )
+
+    def acked_by_script(self, message: Any) -> bool:
+        rid = message.options.get("redis_message_id")
+        if rid in self._acked:
+            self._acked.discard(rid)
+            return True
+        return False
+
+class _SafeRequeueConsumer(private.RedisConsumer):
+    """dramatiq's Redis consumer, whose requeue never raises, and which skips
+    the ack of a message that the import's own script acknowledged.
+
+    When a fetch fails for anything but a ConnectionError (a timeout, a full
+    Redis), dramatiq's consumer thread closes the consumer, which requeues its
+    prefetched messages; when that fails too, the exception escapes the
+    thread and the thread is gone for good: this process never consumes that
+    queue again (fault suite, Redis full). Here the failed requeue is logged
+    and the messages stay in this worker's acks set, where the reconciler
+    covers them (deadlines; stranded acks of finished jobs dropped).
+    """
+
+    def requeue(self, messages: Any) -> None:
+        messages = list(messages)
+        self.broker.handover.drop([m.options.get("redis_message_id") for m in messages])
+        try:
+            super().requeue(messages)
+        except redis.RedisError as exc:
+            log_event(log, "worker.requeue_failed", logging.WARNING, queue=self.queue_name, error=type(exc).__name__)
+
+    def ack(self, message: Any) -> None:
+        if self.broker.handover.acked_by_script(message):
+            self.queued_message_ids.discard(message.message_id)
+            return
+        super().ack(message)
+
+    def nack(self, message: Any) -> None:
+        self.broker.handover.acked_by_script(message)  # forget it; dramatiq's nack of it is then a no-op
+        super().nack(message)
+
+class ImporterRedisBroker(RedisBroker):
+    """dramatiq's Redis broker with :class:`_SafeRequeueConsumer`, whose fetch
+    brings small uploads with their messages (:class:`MessageHandover`)."""
+
+    def __init__(self, *, handover: MessageHandover, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        handover.namespace = self.namespace
+        handover.worker_id = self.broker_id
+        self.handover = handover
+        self._fetch = self.client.register_script(fetch_source(private.dispatch_script()))
+
+    @property
+    def consumer_class(self) -> Any:
+        return _SafeRequeueConsumer
+
+    def do_fetch(self, queue_name: str, prefetch: int) -> list[Any]:
+        """dramatiq's fetch (its dispatch script, run by fetch.lua), plus the small uploads."""
+        h = self.handover
+        if h.max_bytes <= 0 or queue_name != h.queue_name:
+            return private.dispatch(self, "fetch")(queue_name, prefetch)  # type: ignore[no-any-return]
+        messages, ids, uploads = self._fetch(
+            keys=[self.namespace],
+            args=[
+                "fetch", current_millis(), queue_name, self.broker_id, self.heartbeat_timeout,
+                self.dead_message_ttl, private.should_do_maintenance(self, "fetch"), private.max_unpack_size(self), prefetch,
+                h.upload_prefix, h.max_bytes, ACTOR_NAME,
+            ],
+        )
+        if ids:
+            h.keep(ids, uploads)
+        return messages  # type: ignore[no-any-return]
+
+def _with_amqp_timeouts(url: str) -> str:
+    """Bound every wait on RabbitMQ (a blocked or silent broker must not hang a POST)."""
+    if "?" in url:
+        return url
+    return url + "?socket_timeout=10&blocked_connection_timeout=10&connection_attempts=2&retry_delay=1"

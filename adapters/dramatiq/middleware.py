@@ -1,0 +1,232 @@
+"""The worker's middleware: the attempt's outcome recorded, the reconciler's loop, connections closed last."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.common import current_millis
+from dramatiq.middleware import Middleware
+
+from importer.adapters.dramatiq import private
+from importer.adapters.logs import log_event
+from importer.adapters.redis.client import StoreUnavailable, store_errors
+from importer.adapters.redis.records import members_of
+from importer.adapters.redis.store import RedisStore
+from importer.adapters.settings import Settings
+from importer.domain.errors import PublicError
+from importer.domain.run_import import PermanentImportFailure
+
+from importer.adapters.dramatiq.producer import ImportQueue
+from importer.adapters.dramatiq.runner import ImportRunner, code_for, where
+
+log = logging.getLogger("importer.worker")
+
+
+class AttemptRecorder(Middleware):
+    """Writes 'retrying' or 'failed' into the job record when an attempt raised.
+
+    Permanent failures are recorded by the runner itself (with their CSV
+    issues). The traceback goes to the log and a one-line diagnostic to the
+    record's operator-only field; the API shows only the code.
+    """
+
+    def __init__(self, runner: ImportRunner, settings: Settings) -> None:
+        self.runner = runner
+        self.settings = settings
+
+    def after_process_message(self, broker: Any, message: Any, *, result: Any = None, exception: BaseException | None = None) -> None:
+        known = self.runner.attempt_of(message.message_id)
+        self.runner.forget(message.message_id)
+        if exception is None or isinstance(exception, PermanentImportFailure) or known is None:
+            return
+        job_id, attempt, token = known
+        # The record's attempt counter is the truth (redeliveries and the
+        # reconciler's resends count too); when dramatiq has no retry left for
+        # this message, the reconciler sends it after nextAttemptAt + grace.
+        final = attempt >= self.settings.max_attempts
+        code = code_for(exception)
+        backoff = min(self.settings.min_backoff_ms * (2 ** max(0, attempt - 1)), self.settings.max_backoff_ms)
+        diagnostic = f"{type(exception).__name__}: {exception}{where(exception)}"
+        log_event(
+            log, "import.attempt_failed", logging.WARNING, jobId=job_id, attempt=attempt, code=code,
+            final=final, exc_info=(type(exception), exception, exception.__traceback__),
+        )
+        try:
+            outcome = self.runner.store.record_failure(
+                job_id=job_id, attempt=attempt, final=final, error=PublicError.from_code(code),
+                diagnostic=diagnostic, next_attempt_at_ms=None if final else int(time.time() * 1000) + backoff,
+                token=token,
+            )
+            if outcome == "stale":  # a newer attempt holds the job: this failure is history
+                log_event(log, "import.failure_fenced", logging.WARNING, jobId=job_id, attempt=attempt)
+        except StoreUnavailable:
+            # The job keeps its deadline: the reconciler sends it again once the lease runs out.
+            log_event(log, "import.record_failure_lost", logging.ERROR, jobId=job_id, attempt=attempt)
+
+    def after_skip_message(self, broker: Any, message: Any) -> None:
+        self.runner.forget(message.message_id)
+
+class Reconciler(Middleware):
+    """Every accepted import ends: the job record is the truth, this enforces it.
+
+    One thread per worker process. Every tick it
+
+    1. renews the lease of the attempts running in this process (renew.lua):
+       a dead or SIGSTOPped worker stops renewing, so its job's deadline passes
+       after IMPORTER_ATTEMPT_LEASE seconds;
+    2. under a cluster-wide Redis lock (one pass per interval across all
+       workers), runs reconcile.lua: every non-final job past its deadline is
+       sent again (an active one is taken back from its attempt first, which
+       fences that attempt off), or failed with import.attempts_exhausted once
+       its attempts are used up; sends those messages; on dramatiq's Redis
+       broker it also requeues dead workers' messages now (dramatiq only does
+       it on a random fraction of its calls) and drops stranded messages of
+       finished jobs from live workers' acks sets (an ack that failed on a
+       sick Redis leaves them there for good).
+
+    Sending twice is harmless: start.lua drops a duplicate of a finished job
+    or of a job whose attempt holds a live lease, and the done marker stops a
+    second addition. It replaces the unsent sweeper (docs/reliability.md, "Every accepted
+    import ends").
+    """
+
+    def __init__(self, store: RedisStore, runner: ImportRunner, settings: Settings) -> None:
+        self.store = store
+        self.runner = runner
+        self.settings = settings
+        self.broker: Any = None
+        self.queue: ImportQueue | None = None
+        self._stop = threading.Event()
+        self._draining = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def tick_s(self) -> float:
+        return min(self.settings.reconcile_interval_s, self.settings.attempt_lease_s / 3)
+
+    def after_worker_boot(self, broker: Any, worker: Any) -> None:
+        self.broker = broker
+        self.queue = ImportQueue(broker, self.settings)
+        self._thread = threading.Thread(target=self._loop, name="importer-reconciler", daemon=True)
+        self._thread.start()
+
+    def before_worker_shutdown(self, broker: Any, worker: Any) -> None:
+        # No more passes; the leases of the imports still finishing are renewed
+        # until dramatiq has stopped its worker threads.
+        self._draining.set()
+
+    def after_worker_shutdown(self, broker: Any, worker: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.settings.redis_socket_timeout_s + 2)
+
+    def _loop(self) -> None:
+        last_pass = 0.0
+        while not self._stop.wait(self.tick_s):
+            try:
+                self.store.renew(self.runner.in_flight())
+                if self._draining.is_set():
+                    continue
+                if time.monotonic() - last_pass >= self.settings.reconcile_interval_s:
+                    last_pass = time.monotonic()
+                    self.reconcile_once()
+            except StoreUnavailable:
+                log_event(log, "reconciler.store_unavailable", logging.WARNING)
+            except Exception:  # never let the reconciler thread die
+                log.exception("reconciler.error")
+
+    def reconcile_once(self) -> int:
+        """One pass if no other process holds the lock; returns how many messages it sent."""
+        lock = self.store.keys.reconciler_lock
+        with store_errors():
+            if not self.store.client.set(lock, os.getpid(), nx=True, px=int(self.settings.reconcile_interval_s * 1000)):
+                return 0
+        self._requeue_dead_workers()
+        sent = 0
+        for job_id, batch_id, upload_id in self.store.reconcile():
+            assert self.queue is not None  # set at worker boot, before the loop starts
+            self.queue.send(job_id=job_id, batch_id=batch_id, upload_id=upload_id)
+            log_event(log, "reconciler.resent", jobId=job_id, batchId=batch_id)
+            sent += 1
+        self._drop_stranded_acks()
+        return sent
+
+    def _queues(self) -> tuple[str, str]:
+        from dramatiq.common import dq_name
+
+        return self.settings.queue_name, dq_name(self.settings.queue_name)
+
+    def _requeue_dead_workers(self) -> None:
+        """dramatiq's own maintenance (dead workers' unacked messages back to
+        the queue), run every pass instead of on a random fraction of calls."""
+        broker = self.broker
+        if not isinstance(broker, RedisBroker):
+            return
+        with store_errors():
+            for queue in self._queues():
+                broker.scripts["dispatch"](
+                    args=["qsize", current_millis(), queue, broker.broker_id, broker.heartbeat_timeout,
+                          broker.dead_message_ttl, 1, private.max_unpack_size(broker)],
+                    keys=[broker.namespace],
+                )
+
+    def _drop_stranded_acks(self) -> int:
+        """Messages of finished (or removed) jobs left in any worker's acks set."""
+        broker = self.broker
+        if not isinstance(broker, RedisBroker):
+            return 0
+        client, ns, dropped = broker.client, broker.namespace, 0
+        with store_errors():
+            workers = members_of(client.zrange(private.heartbeats_key(ns), 0, -1))
+            for queue in self._queues():
+                msgs_key = private.messages_key(ns, queue)
+                for worker_id in workers:
+                    acks_key = private.acks_key(ns, worker_id, queue)
+                    ids = list(client.smembers(acks_key))
+                    if not ids:
+                        continue
+                    bodies = client.hmget(msgs_key, ids)
+                    job_ids = [_job_id_in(body) for body in bodies]
+                    pipe = client.pipeline(transaction=False)
+                    for job_id in job_ids:
+                        pipe.hget(self.store.keys.job(job_id), "state") if job_id else pipe.echo("")
+                    states = pipe.execute()
+                    drop = [mid for mid, body, state in zip(ids, bodies, states)
+                            if body is None or state in (None, b"", b"completed", b"failed")]
+                    if drop:
+                        pipe = client.pipeline(transaction=True)
+                        pipe.srem(acks_key, *drop)
+                        pipe.hdel(msgs_key, *drop)
+                        pipe.execute()
+                        dropped += len(drop)
+        if dropped:
+            log_event(log, "reconciler.stranded_acks_dropped", count=dropped)
+        return dropped
+
+def _job_id_in(raw: bytes | str | None) -> str:
+    """The jobId a stored dramatiq message carries ('' when unreadable)."""
+    if raw is None:
+        return ""
+    try:
+        body = json.loads(raw)["args"][0]
+        return str(body.get("jobId") or "") if isinstance(body, dict) else ""
+    except (ValueError, KeyError, IndexError, TypeError):
+        return ""
+
+class CloseConnections(Middleware):
+    """Closes the worker process's Redis connections after dramatiq has stopped
+    its worker threads (in-flight imports finished or the shutdown deadline
+    passed) and its consumers: never before."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def after_worker_shutdown(self, broker: Any, worker: Any) -> None:
+        self.client.close()
+        log_event(log, "worker.redis_closed")

@@ -1,0 +1,100 @@
+"""The import actor and the runner it calls: dramatiq's message in, run_import, the attempt remembered."""
+
+from __future__ import annotations
+
+import logging
+import os
+import traceback
+from typing import Any
+
+import dramatiq
+from dramatiq.middleware import CurrentMessage
+from dramatiq.middleware.time_limit import TimeLimitExceeded
+
+from importer.adapters.logs import log_event
+from importer.adapters.redis.client import StoreUnavailable
+from importer.adapters.redis.records import QueueAck
+from importer.adapters.settings import Settings
+from importer.domain.ports import AttemptStore
+from importer.domain.run_import import PermanentImportFailure, run_import
+
+from importer.adapters.dramatiq.broker import ACTOR_NAME, MessageHandover
+
+log = logging.getLogger("importer.worker")
+
+
+def where(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f" at {os.path.basename(last.filename)}:{last.lineno} in {last.name}"
+
+
+class ImportRunner:
+    """Runs :func:`importer.domain.run_import.run_import` for the actor and
+    remembers which attempt each dramatiq message started (with its fencing
+    token), for AttemptRecorder and for the lease renewal of the Reconciler."""
+
+    def __init__(self, store: AttemptStore, settings: Settings) -> None:
+        self.store = store
+        self.settings = settings
+        # dramatiq message id -> (jobId, attempt, token)
+        self._attempts: dict[str, tuple[str, int, str]] = {}
+
+    def attempt_of(self, message_id: str) -> tuple[str, int, str] | None:
+        return self._attempts.get(message_id)
+
+    def forget(self, message_id: str) -> None:
+        self._attempts.pop(message_id, None)
+
+    def in_flight(self) -> list[tuple[str, str]]:
+        """(jobId, token) of every attempt running in this process."""
+        return [(job_id, token) for job_id, _, token in list(self._attempts.values())]
+
+    def run(self, body: Any, message_id: str = "", handed_over: tuple[bytes, QueueAck] | None = None) -> str:
+        """``handed_over``: the upload that came with the message and the ack
+        the one-script attempt makes (:class:`MessageHandover`)."""
+        def started(job_id: str, attempt: int, token: str) -> None:
+            self._attempts[message_id] = (job_id, attempt, token)
+
+        upload, ack = handed_over if handed_over is not None else (None, None)
+        return run_import(
+            self.store, body, accepted_versions=self.settings.accepted_versions, max_rows=self.settings.max_rows,
+            log=self._log, on_started=started, upload=upload, ack=ack,
+        )
+
+    @staticmethod
+    def _log(event: str, level: int = logging.INFO, **fields: Any) -> None:
+        log_event(log, event, level, **fields)
+
+
+def code_for(exc: BaseException) -> str:
+    if isinstance(exc, TimeLimitExceeded):
+        return "import.time_limit"
+    if isinstance(exc, StoreUnavailable):
+        return "import.store_unavailable"
+    return "import.attempts_exhausted"
+
+def declare_import_actor(broker: dramatiq.Broker, runner: ImportRunner, settings: Settings) -> dramatiq.Actor[Any, None]:
+    """The import actor: as thin as a handler, it calls the runner."""
+    handover: MessageHandover | None = getattr(broker, "handover", None)
+
+    def import_shipment(body: dict[str, Any]) -> None:
+        message = CurrentMessage.get_current_message()
+        if message is None:
+            runner.run(body)
+            return
+        runner.run(body, message.message_id, handover.take(message) if handover is not None else None)
+
+    declare = dramatiq.actor(
+        broker=broker,
+        actor_name=ACTOR_NAME,
+        queue_name=settings.queue_name,
+        max_retries=settings.max_attempts - 1,
+        min_backoff=settings.min_backoff_ms,
+        max_backoff=settings.max_backoff_ms,
+        time_limit=int(settings.time_limit_s * 1000),
+        throws=(PermanentImportFailure,),
+    )
+    return declare(import_shipment)

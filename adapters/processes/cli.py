@@ -1,0 +1,117 @@
+"""The ``importer`` command: its arguments and the dispatch to the three
+modules that run it (commands, operator, client)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from importer.adapters.processes import client, commands, operator
+from importer.adapters.processes.granian import DEFAULT_THREADS, default_workers
+from importer.adapters.settings import SettingsError
+
+DESCRIPTION = "Applies CSV shipments to stock exactly once: serve, worker, dev, events, submit, status, doctor, inspect, keys, openapi."
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="importer", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    # -- processes (commands) -------------------------------------------------
+    p = sub.add_parser("serve", help="run the HTTP API under granian (or gunicorn)")
+    p.add_argument("--bind", default=None, help="HOST:PORT to listen on (default: IMPORTER_HTTP_BIND, else 127.0.0.1:8080)")
+    # Measured with bench/run.py, bench/http_servers.py and bench/profile_http.py
+    # (README, Performance): granian, cores + 1 processes x 4 threads.
+    p.add_argument("--server", choices=("granian", "gunicorn"), default=None, help="default: IMPORTER_HTTP_SERVER, else granian")
+    p.add_argument("--workers", type=int, default=default_workers(), help="worker processes (default: cores + 1)")
+    p.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="Python threads per worker process (gunicorn: >1 is gthread)")
+    p.add_argument("--timeout", type=int, default=30, help="gunicorn only: seconds before a stuck request's worker is restarted")
+    p.add_argument("--graceful-timeout", type=int, default=30, help="seconds in-flight requests get on SIGTERM")
+    p.add_argument(
+        "--header-timeout", type=float, default=None,
+        help="granian only: seconds a client has to send its whole header block (default: IMPORTER_HTTP_HEADER_TIMEOUT, else 10)",
+    )
+    p.add_argument("--allow-eviction", action="store_true", help="start even if Redis may evict keys (dangerous)")
+    p.set_defaults(func=commands.cmd_serve)
+
+    p = sub.add_parser("worker", help="run dramatiq worker processes")
+    # Defaults measured with bench/: one process per core, 8 threads, and a
+    # prefetch of 64 (dramatiq's 2 x threads starves the threads between fetches).
+    p.add_argument("--processes", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--threads", type=int, default=8)
+    p.add_argument("--prefetch", type=int, default=64, help="messages prefetched per process (0: dramatiq's 2 x threads)")
+    p.add_argument("--allow-eviction", action="store_true", help="start even if Redis may evict keys (dangerous)")
+    p.add_argument(
+        "--metrics-port", type=int, default=None,
+        help="expose dramatiq's Prometheus metrics on 127.0.0.1:PORT (0: off; default: IMPORTER_WORKER_METRICS_PORT, else off)",
+    )
+    p.set_defaults(func=commands.cmd_worker)
+
+    p = sub.add_parser("dev", help="embedded Redis + worker + HTTP on 127.0.0.1, until Ctrl-C")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--demo", action="store_true", help="import fixtures/shipment-a-2026.csv over HTTP, then stop")
+    p.set_defaults(func=commands.cmd_dev)
+
+    p = sub.add_parser("events", help="print every job event (progress, completed, failed...) from all workers")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument(
+        "--from", dest="start", default="$",
+        help="resume after this stream id ('0' for all retained history; default: from now)",
+    )
+    p.set_defaults(func=commands.cmd_events)
+
+    # -- operator tools (operator) ---------------------------------------------
+    p = sub.add_parser("openapi", help="print the OpenAPI document generated from the code")
+    p.add_argument("--write", action="store_true", help="rewrite openapi.yaml")
+    p.set_defaults(func=operator.cmd_openapi)
+
+    p = sub.add_parser("keys", help="API keys")
+    keys = p.add_subparsers(dest="keys_command", required=True)
+    k = keys.add_parser("create", help="make a new key for OWNER")
+    k.add_argument("owner")
+    k.set_defaults(func=operator.cmd_keys_create)
+
+    p = sub.add_parser("doctor", help="check Redis settings and the queue, as a readable checklist")
+    p.set_defaults(func=operator.cmd_doctor)
+
+    p = sub.add_parser("inspect", help="operator view of a job record, with its diagnostic")
+    p.add_argument("job_id")
+    p.set_defaults(func=operator.cmd_inspect)
+
+    # -- the HTTP client (client) ----------------------------------------------
+    url_help = "the API's base URL (default: IMPORTER_URL, else http://127.0.0.1:8080)"
+    p = sub.add_parser("submit", help="send a CSV file over the HTTP API (key from IMPORTER_API_KEY)")
+    p.add_argument("file")
+    p.add_argument("--batch-id", required=True)
+    p.add_argument("--url", default=None, help=url_help)
+    p.add_argument("--wait", action="store_true", help="follow the import until it completes or fails")
+    p.add_argument("--timeout", type=float, default=600, help="seconds --wait waits at most")
+    p.set_defaults(func=client.cmd_submit)
+
+    p = sub.add_parser("status", help="show one import's status over the HTTP API")
+    p.add_argument("job_id")
+    p.add_argument("--url", default=None, help=url_help)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=client.cmd_status)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except SettingsError as err:
+        print(f"importer: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:
+        from importer.adapters.redis.guard import EvictionPolicyError
+
+        if isinstance(err, EvictionPolicyError):
+            print(f"importer: {err}", file=sys.stderr)
+            return 3
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

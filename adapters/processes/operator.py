@@ -1,0 +1,115 @@
+"""``importer doctor``, ``inspect``, ``keys create`` and ``openapi``: one-shot
+operator tools that read Redis or the code directly and then exit."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+
+from importer.adapters.redis.keys import Keys
+from importer.adapters.redis.store import RedisStore
+from importer.adapters.settings import Settings
+
+
+def cmd_openapi(args: argparse.Namespace) -> int:
+    from importer.handlers.openapi import SPEC_PATH, spec_yaml
+
+    text = spec_yaml()
+    if args.write:
+        SPEC_PATH.write_text(text, encoding="utf-8")
+        print(f"wrote {SPEC_PATH.name}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_keys_create(args: argparse.Namespace) -> int:
+    from importer.handlers.auth import OWNER_PATTERN, hash_key, new_key
+
+    if not OWNER_PATTERN.match(args.owner):
+        print("owner must be 1-64 characters: letters, digits, '.', '_' or '-'", file=sys.stderr)
+        return 2
+    key = new_key()
+    print(f"API key for {args.owner} (shown once, give it to the producer):\n  {key}")
+    print(f"Line for IMPORTER_API_KEYS_FILE (the server keeps only this hash):\n  {args.owner}:{hash_key(key)}")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """A readable checklist of what this service needs from Redis and of the queue."""
+    import redis as redis_lib
+
+    from importer.adapters.bootstrap import clock_ms, redis_client
+    from importer.adapters.redis.guard import inspect_redis
+    from importer.adapters.redis.store import RedisStore
+
+    settings = Settings.from_env()
+    client = redis_client(settings)
+    failures = 0
+
+    def line(status: str, what: str, detail: str) -> None:
+        nonlocal failures
+        failures += status == "FAIL"
+        print(f"[{status:>4}] {what}: {detail}")
+
+    try:
+        report = inspect_redis(client)
+    except (redis_lib.ConnectionError, redis_lib.TimeoutError) as exc:
+        line("FAIL", "Redis reachable", f"no ({type(exc).__name__})")
+        return 1
+    line("ok", "Redis reachable", f"yes, version {report.version}")
+    line("ok" if report.policy == "noeviction" else "FAIL", "maxmemory-policy", report.policy + ("" if report.policy == "noeviction" else " (must be noeviction)"))
+    line("ok" if report.aof else "warn", "persistence", f"{report.persistence} (AOF {'on' if report.aof else 'off'}, RDB save '{report.rdb_save}')")
+    store = RedisStore(client, settings, clock_ms=clock_ms)
+    stats = store.queue_stats()
+    ns = Keys(settings.key_prefix).dramatiq
+    queued = client.llen(f"{ns}:{settings.queue_name}")
+    delayed = client.llen(f"{ns}:{settings.queue_name}.DQ")
+    line("ok", "queue", f"{queued} message(s) ready, {delayed} delayed (retries waiting for their backoff)")
+    line("ok", "jobs", f"{stats.waiting} waiting, {stats.active} active, {client.zcard(store.keys.unsent)} not yet sent")
+    age = stats.oldest_waiting_age_s
+    line("ok" if age < 60 else "warn", "oldest waiting job", f"{age:.1f} s" if stats.waiting else "none")
+    now_ms = clock_ms()
+    alive = client.zcount(f"{ns}:__heartbeats__", now_ms - int(settings.heartbeat_timeout_s * 1000), "+inf")
+    line("ok" if alive else "warn", "workers alive", f"{alive} worker process(es) sent a heartbeat in the last {settings.heartbeat_timeout_s:g} s")
+    _doctor_door(store, settings, line)
+    return 1 if failures else 0
+
+
+def _doctor_door(store: RedisStore, settings: Settings, line: Callable[[str, str, str], None]) -> None:
+    """[door] The live workers' contract versions, and whether this environment's producer version passes."""
+    from importer.adapters.redis.records import format_versions
+    from importer.domain.contract import live_workers_can_run
+
+    workers = store.live_workers()
+    version = settings.producer_version
+    if not workers:
+        line("warn", "worker contract versions", "no worker alive: imports are accepted and wait for a worker")
+        return
+    listed = "; ".join(f"{worker_id} accepts {format_versions(accepts)}" for worker_id, accepts in sorted(workers.items()))
+    line("ok", "worker contract versions", f"{len(workers)} live: {listed}")
+    able = sum(version in accepts for accepts in workers.values())
+    if live_workers_can_run(version, list(workers.values())):
+        line("ok", "door check", f"producer version {version} (IMPORTER_PRODUCER_VERSION) is accepted by {able} live worker(s)")
+    else:
+        line("FAIL", "door check", f"no live worker accepts producer version {version} (IMPORTER_PRODUCER_VERSION): "
+             "POST /api/imports answers 503 contract.no_worker until one runs")
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """Operator view of a job: the whole record, with the diagnostic the API never shows."""
+    from importer.adapters.bootstrap import clock_ms, redis_client
+    from importer.adapters.redis.store import RedisStore
+
+    settings = Settings.from_env()
+    store = RedisStore(redis_client(settings), settings, clock_ms=clock_ms)
+    record = store.get_job(args.job_id)
+    if record is None:
+        print(f"no job record {args.job_id} (it may have been removed by retention)", file=sys.stderr)
+        return 1
+    out = dict(vars(record))
+    out["diagnostic"] = store.get_diagnostic(args.job_id)
+    print(json.dumps(out, indent=2, default=str))
+    return 0

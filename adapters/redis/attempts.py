@@ -1,0 +1,164 @@
+"""The worker's side of the store: start an attempt, apply, fail, under the attempt's fencing token."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from importer.adapters.redis.base import RedisStoreBase
+from importer.adapters.redis.client import store_errors
+from importer.adapters.redis.records import QueueAck, error_json, report_json, text_of
+from importer.domain.errors import PublicError
+from importer.domain.ports import ApplyResult, StartedAttempt, StartOutcome
+from importer.domain.shipment import Shipment
+from importer.domain.stock import MAX_STOCK
+
+
+class AttemptSteps(RedisStoreBase):
+    """Implements :class:`importer.domain.ports.AttemptStore`: start.lua, apply.lua, start_apply.lua, fail.lua."""
+
+
+    def _job_step(self, job_id: str) -> tuple[list[Any], list[Any]]:
+        """The KEYS and ARGV that start, apply and fail share (common.lua, "Job steps")."""
+        k, s = self.keys, self.settings
+        return (
+            [k.job(job_id), k.events, k.active, k.failed, k.stats],
+            [
+                job_id, s.events_maxlen, k.job(""), k.upload(""), k.owner_jobs(""), k.failed_of(""),
+                s.keep_failed_age_s * 1000, s.keep_failed_count,
+            ],
+        )
+
+    def _start_args(self, job_id: str, upload_id: str) -> tuple[list[Any], list[Any]]:
+        """start.lua's KEYS and ARGV."""
+        k, s = self.keys, self.settings
+        keys, args = self._job_step(job_id)
+        keys += [k.upload(upload_id), k.waiting, k.unsent, k.deadline, k.fence]
+        args += [
+            upload_id, s.max_attempts, error_json("import.attempts_exhausted"),
+            int(s.attempt_lease_s * 1000), int((s.time_limit_s + s.stall_margin_s) * 1000),
+            error_json("import.upload_missing"), error_json("import.worker_lost"),
+        ]
+        return keys, args
+
+    @staticmethod
+    def _start_outcome(reply: list[Any]) -> StartOutcome:
+        match kind := text_of(reply[0]):
+            case "started":
+                started = StartedAttempt(
+                    int(reply[1]), text_of(reply[2]), text_of(reply[3]), text_of(reply[4]), bytes(reply[5]),
+                    token=text_of(reply[6]),
+                )
+                return StartOutcome("started", started.attempt, started)
+            case "finished":
+                return StartOutcome("finished", state=text_of(reply[1]))
+            case "exhausted" | "upload_missing" | "busy":
+                return StartOutcome(kind, int(reply[1] or 0), state="active" if kind == "busy" else "")
+            case "missing" | "stale":
+                return StartOutcome(kind)
+        raise ValueError(f"start.lua replied {kind!r}")  # none of its replies: a bug
+
+    def start_attempt(self, job_id: str, upload_id: str) -> StartOutcome:
+        keys, args = self._start_args(job_id, upload_id)
+        with store_errors():
+            reply = self._script("start", keys=keys, args=args)
+        return self._start_outcome(reply)
+
+    def _apply_args(
+        self, *, job_id: str, upload_id: str, attempt: int, batch_id: str, owner: str, shipment: Shipment, token: str,
+    ) -> tuple[list[Any], list[Any]]:
+        """apply.lua's KEYS and ARGV."""
+        k, s = self.keys, self.settings
+        progress = '{"phase":"validated","rows":%d}' % shipment.row_count
+        keys, args = self._job_step(job_id)
+        keys += [
+            k.stock, k.generation, k.done(batch_id), k.journal, k.completed, k.upload(upload_id), k.deadline,
+            k.receipt(batch_id),
+        ]
+        args += [
+            batch_id, shipment.content_sha256, owner, attempt, MAX_STOCK,
+            k.completed_of(""), s.keep_completed_age_s * 1000, s.keep_completed_count,
+            error_json("batch.conflict"), error_json("stock.overflow"), token, progress,
+        ]
+        for row in shipment.rows:
+            args.append(row.sku)
+            args.append(row.quantity)
+        return keys, args
+
+    @staticmethod
+    def _apply_result(reply: list[Any]) -> ApplyResult:
+        match kind := text_of(reply[0]):
+            case "applied" | "replayed":
+                return ApplyResult(kind, json.loads(reply[1]))
+            case "conflict" | "overflow" | "finished" | "missing" | "stale":
+                return ApplyResult(kind, None, text_of(reply[1]) if len(reply) > 1 else "")
+        raise ValueError(f"apply.lua replied {kind!r}")  # none of its replies: a bug
+
+    def validated_and_apply(
+        self, *, job_id: str, upload_id: str, attempt: int, batch_id: str, owner: str, shipment: Shipment,
+        token: str = "",
+    ) -> ApplyResult:
+        """Record progress 'validated' and apply, in one script call (apply.lua).
+
+        Both take effect only while the job is active under this attempt's
+        fencing token (``stale`` otherwise: a newer attempt holds the job).
+
+        The progress event is a real milestone (validation finished before this
+        call); apply.lua emits it before 'committed', so one round trip and one
+        script call per import.
+        """
+        keys, args = self._apply_args(
+            job_id=job_id, upload_id=upload_id, attempt=attempt, batch_id=batch_id, owner=owner,
+            shipment=shipment, token=token,
+        )
+        with store_errors():
+            (reply,) = self._pipelined([("apply", keys, args)])
+        return self._apply_result(reply)
+
+    def start_and_apply(
+        self, *, job_id: str, upload_id: str, batch_id: str, shipment: Shipment, ack: QueueAck | None = None,
+    ) -> tuple[StartOutcome, ApplyResult | None]:
+        """start.lua and apply.lua in one script call (start_apply.lua), for a
+        shipment the worker validated from the upload that came with its
+        message; with ``ack``, the message is acknowledged in the same step
+        (for every outcome after which the actor returns normally)."""
+        start_keys, start_args = self._start_args(job_id, upload_id)
+        # The owner, attempt and token of the apply come from the start, inside the script.
+        apply_keys, apply_args = self._apply_args(
+            job_id=job_id, upload_id=upload_id, attempt=0, batch_id=batch_id, owner="", shipment=shipment, token="",
+        )
+        k = self.keys
+        keys = [*start_keys, *apply_keys[5:]]
+        if ack is not None:
+            keys += [ack.acks_key, ack.messages_key, ack.heartbeats_key]
+            args = [*start_args, ack.redis_message_id, ack.worker_id, int(time.time() * 1000), *apply_args[8:]]
+        else:
+            keys += [k.dramatiq, k.dramatiq, k.dramatiq]  # not touched
+            args = [*start_args, "", "", 0, *apply_args[8:]]
+        with store_errors():
+            started_reply, applied_reply, acked = self._script("start_apply", keys=keys, args=args)
+        outcome = self._start_outcome(started_reply)
+        if ack is not None and int(acked):
+            ack.acknowledged()
+        return outcome, (self._apply_result(applied_reply) if outcome.kind == "started" else None)
+
+    def record_failure(
+        self, *, job_id: str, attempt: int | None, final: bool, error: PublicError, diagnostic: str,
+        next_attempt_at_ms: int | None, token: str = "",
+    ) -> str:
+        """Record a failed attempt ('retrying' or 'failed'). Takes effect only
+        while the job is active under ``token`` ('' = no attempt started: only
+        while the job is not active); returns 'stale' otherwise."""
+        keys, args = self._job_step(job_id)
+        with store_errors():
+            reply = self._script("fail",
+                keys=[*keys, self.keys.deadline, self.keys.rejections(job_id)],
+                args=[
+                    *args, "" if attempt is None else attempt, "1" if final else "0",
+                    json.dumps(error.to_dict(), separators=(",", ":")), diagnostic[:4000],
+                    next_attempt_at_ms if next_attempt_at_ms is not None else "",
+                    token, int(self.settings.waiting_grace_s * 1000), report_json(error),
+                ],
+            )
+        return text_of(reply[0])

@@ -1,0 +1,74 @@
+"""The part of the Redis store every port shares: the client, keys and scripts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from importer.adapters.redis.client import ImporterRedis
+from importer.adapters.redis.keys import Keys
+from importer.adapters.redis.records import MessageWriter
+from importer.adapters.redis.scripts import SCRIPT_NAMES, lua_source
+from importer.adapters.settings import Settings
+
+
+class RedisStoreBase:
+    """What every part of the store shares: the client, the key names, the
+    settings, the clock and the registered scripts. Built by the composition
+    root as :class:`importer.adapters.redis.store.RedisStore`.
+
+    With ``messages`` (the producer on the Redis transport, when the broker
+    uses this very Redis), :meth:`enqueue` writes the job's dramatiq message in
+    the same script as its record: one round trip, no unsent window.
+    """
+
+    def __init__(
+        self, client: redis.Redis, settings: Settings, *, clock_ms: Callable[[], int], messages: MessageWriter | None = None
+    ) -> None:
+        self.client = client
+        self.settings = settings
+        self.keys = Keys(settings.key_prefix)
+        self._now = clock_ms
+        self.messages = messages
+        self._scripts = {name: client.register_script(lua_source(name)) for name in SCRIPT_NAMES}
+
+    def _script(self, name: str, *, keys: list[Any], args: list[Any]) -> Any:
+        """One script call: on the calling thread's own connection when the
+        client is Importer's (ImporterRedis.run_script), else as redis-py's Script."""
+        script = self._scripts[name]
+        if isinstance(self.client, ImporterRedis):
+            return self.client.run_script(script, keys, args)
+        return script(keys=keys, args=args)
+
+    def _pipelined(self, calls: list[tuple[str, list[Any], list[Any]]]) -> list[Any]:
+        """Run several scripts in one round trip, by EVALSHA.
+
+        redis-py's Script objects in a pipeline first ask SCRIPT EXISTS, which
+        costs a round trip per pipeline. Here a script the server has
+        forgotten (restart, SCRIPT FLUSH) fails with NOSCRIPT and only the
+        calls that failed are loaded and run again, in order.
+        """
+        pending = list(range(len(calls)))
+        results: list[Any] = [None] * len(calls)
+        for _ in range(2):
+            pipe = self.client.pipeline(transaction=False)
+            for i in pending:
+                name, keys, args = calls[i]
+                pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+            replies = pipe.execute(raise_on_error=False)
+            missing = []
+            for i, reply in zip(pending, replies):
+                if isinstance(reply, redis.exceptions.NoScriptError):
+                    missing.append(i)
+                elif isinstance(reply, Exception):
+                    raise reply
+                else:
+                    results[i] = reply
+            if not missing:
+                return results
+            for i in missing:
+                self.client.script_load(self._scripts[calls[i][0]].script)
+            pending = missing
+        raise redis.exceptions.NoScriptError("scripts could not be loaded")

@@ -1,0 +1,197 @@
+"""The Redis client Importer's store and its broker share, and what its errors mean.
+
+* :class:`ImporterRedis`: a sick server's refusals (OOM, BUSY, READONLY...)
+  are ConnectionErrors; the store's scripts run on a connection of the
+  calling thread's own (:meth:`ImporterRedis.run_script`), forgotten in a
+  forked child.
+* :func:`store_errors` / :func:`unavailable`: a Redis error that means the
+  store is away or refusing writes becomes :class:`StoreUnavailable` (HTTP
+  answers 503, the attempt is retried); any other error is a bug and stays
+  what it is.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import redis
+
+
+class StoreError(Exception):
+    """Base of the store's errors."""
+
+
+class StoreUnavailable(StoreError):
+    """Redis cannot serve us right now: unreachable, timed out, or refusing
+    writes (out of memory, loading, read-only replica, busy script, master
+    down). Transient: HTTP answers 503, the attempt is retried.
+
+    ``reason`` is ``redis_unreachable`` or ``redis_refuses_writes`` (what
+    /health says)."""
+
+    def __init__(self, detail: str, reason: str = "redis_unreachable") -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+#: Error replies of a sick server (the first word of the reply). redis-py maps
+#: some to classes (OutOfMemoryError, BusyLoadingError, ReadOnlyError), the
+#: rest arrive as a plain ResponseError, also from inside a Lua script.
+_REFUSING = ("OOM", "BUSY", "LOADING", "READONLY", "MASTERDOWN", "NOREPLICAS", "TRYAGAIN", "CLUSTERDOWN", "MISCONF")
+
+
+def unavailable(exc: BaseException) -> StoreUnavailable | None:
+    """The StoreUnavailable a Redis error means, or None for a real bug (WRONGTYPE, a script error...)."""
+    if isinstance(exc, StoreUnavailable):
+        return exc
+    # BusyLoadingError is a ConnectionError in redis-py: test the refusals first.
+    if isinstance(exc, (RedisRefusesWrites, redis.exceptions.OutOfMemoryError, redis.exceptions.BusyLoadingError,
+                        redis.exceptions.ReadOnlyError)):
+        return StoreUnavailable(type(exc).__name__, "redis_refuses_writes")
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError)):
+        return StoreUnavailable(type(exc).__name__)
+    if isinstance(exc, redis.ResponseError):
+        text = str(exc)
+        # A script's error reads "... script: ...: OOM command not allowed ..." on some versions.
+        first = text.split(" ", 1)[0].upper()
+        if first in _REFUSING or "OOM command not allowed" in text or "MASTERDOWN" in text:
+            return StoreUnavailable(first, "redis_refuses_writes")
+    return None
+
+
+class RedisRefusesWrites(redis.ConnectionError):
+    """A Redis that answers but refuses the command (OOM, BUSY, READONLY...), as a ConnectionError.
+
+    dramatiq's consumer thread survives a ConnectionError (it reconnects a
+    second later) but dies on any other Redis error raised while it cleans up:
+    after an OOM episode a worker silently stopped fetching for good (seen in
+    tests/faults, test_redis_full_then_freed). Raised by :class:`ImporterRedis`.
+    """
+
+
+def _refusal(exc: redis.ResponseError) -> BaseException:
+    """A sick server's refusal as RedisRefusesWrites; any other error reply as it is."""
+    translated = unavailable(exc)
+    if translated is not None and translated.reason == "redis_refuses_writes":
+        return RedisRefusesWrites(str(exc))
+    return exc
+
+
+class ImporterRedis(redis.Redis):
+    """The client of the store and of dramatiq's Redis broker: a sick server's
+    refusals are ConnectionErrors; the store's scripts run on a connection of
+    the calling thread's own (:meth:`run_script`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._own = threading.local()
+        self._own_lock = threading.Lock()
+        self._own_connections: list[Any] = []
+        _FORKED_CLIENTS.add(self)  # forgets its threads' connections in a forked child
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        # Outside redis-py's retry wrapper on purpose: a refused command is not retried here.
+        try:
+            return super().execute_command(*args, **options)
+        except redis.ResponseError as exc:
+            refused = _refusal(exc)
+            if refused is exc:
+                raise
+            raise refused from exc
+
+    def run_script(self, script: Any, keys: list[Any], args: list[Any]) -> Any:
+        """EVALSHA of a registered script (EVAL when the server lost its script
+        cache), on the calling thread's own connection.
+
+        Script.__call__ through redis-py's client costs about 35 us of Python
+        per call besides the round trip (the pool's checkout and return under
+        its lock with their fork checks, the retry wrapper, metric hooks):
+        a fifth of a POST's CPU, measured. The rules are the
+        client's (adapters/bootstrap.py redis_client): its connection
+        settings (timeouts, command packer); one retry on a ConnectionError
+        (a connection a restarted Redis closed; the scripts are safe to run
+        again, as under redis-py's own retry), never on a timeout; a refusal
+        (OOM, BUSY...) raised as RedisRefusesWrites, never retried. redis-py
+        closes the connection on any error while sending or reading, so a
+        late reply is never read as the next call's."""
+        connection = self._thread_connection()
+        try:
+            try:
+                return self._send_script(connection, script, keys, args)
+            except redis.ConnectionError:
+                return self._send_script(connection, script, keys, args)  # reconnects
+        except redis.ResponseError as exc:
+            refused = _refusal(exc)
+            if refused is exc:
+                raise
+            raise refused from exc
+
+    @staticmethod
+    def _send_script(connection: Any, script: Any, keys: list[Any], args: list[Any]) -> Any:
+        try:
+            try:
+                connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                return connection.read_response()
+            except redis.exceptions.NoScriptError:
+                connection.send_command("EVAL", script.script, len(keys), *keys, *args)
+                return connection.read_response()
+        except redis.ResponseError:
+            raise  # an error reply, read whole: the connection is in step
+        except BaseException:
+            # Anything else between the send and the end of the reply (an
+            # asynchronous TimeLimitExceeded, a signal) may leave the reply
+            # unread: it must never be read as the next call's.
+            connection.disconnect()
+            raise
+
+    def _thread_connection(self) -> Any:
+        connection = getattr(self._own, "connection", None)
+        if connection is None:
+            pool = self.connection_pool
+            connection = pool.connection_class(**pool.connection_kwargs)  # connects on first use
+            with self._own_lock:
+                self._own_connections.append(connection)
+            self._own.connection = connection
+        return connection
+
+    def close(self) -> None:
+        """Also closes every thread's own connection (after the threads stopped calling)."""
+        with self._own_lock:
+            connections, self._own_connections = self._own_connections, []
+        for connection in connections:
+            connection.disconnect()
+        super().close()
+
+    def _forget_own_connections(self) -> None:
+        """In a forked child: the parent's sockets are the parent's."""
+        self._own = threading.local()
+        self._own_lock = threading.Lock()
+        self._own_connections = []
+
+
+_FORKED_CLIENTS: "weakref.WeakSet[ImporterRedis]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for client in list(_FORKED_CLIENTS):
+        client._forget_own_connections()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@contextmanager
+def store_errors() -> Iterator[None]:
+    """Redis errors that mean "the store is sick" raised as StoreUnavailable."""
+    try:
+        yield
+    except redis.RedisError as exc:
+        translated = unavailable(exc)
+        if translated is None:
+            raise
+        raise translated from exc

@@ -1,0 +1,77 @@
+"""Every Redis key name of Importer, made in one place."""
+
+from __future__ import annotations
+
+
+class Keys:
+    """Every key name, under one hash-tagged prefix: the one place they are made.
+
+    The Lua scripts get them as KEYS, or as name prefixes in ARGV for keys they
+    only discover inside (see the layout in adapters/lua/common.lua).
+    """
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.stock = f"{prefix}stock"
+        self.generation = f"{prefix}generation"
+        self.journal = f"{prefix}journal"
+        self.events = f"{prefix}events"
+        self.stats = f"{prefix}stats"
+        # The job indexes (zsets of jobId), P:jobs:<name>.
+        self.unsent, self.waiting, self.active, self.completed, self.failed = (
+            f"{prefix}jobs:{name}" for name in ("unsent", "waiting", "active", "completed", "failed")
+        )
+        #: dramatiq's Redis broker namespace (its queues).
+        self.dramatiq = f"{prefix}dramatiq"
+        #: /health's write probe (a tiny expiring string).
+        self.health = f"{prefix}health"
+        #: Reconciler: P:jobs:deadline (jobId -> deadline ms of every sent, non-final job),
+        #: P:fence (the attempts' fencing tokens), its lock.
+        self.deadline = f"{prefix}jobs:deadline"
+        self.fence = f"{prefix}fence"
+        self.reconciler_lock = f"{prefix}reconciler:lock"
+        #: [door] live workers: P:workers (id -> expiry ms), P:workers:accepts (id -> "1,2").
+        self.workers = f"{prefix}workers"
+        self.workers_accepts = f"{prefix}workers:accepts"
+
+    def job(self, job_id: str) -> str:
+        return f"{self.prefix}job:{job_id}"
+
+    def rejections(self, job_id: str) -> str:
+        """string: a failed validation's rejection report (JSON), removed with the
+        record; common.lua's rejections_key makes the same name from the record's."""
+        return f"{self.job(job_id)}:rejections"
+
+    def upload(self, upload_id: str) -> str:
+        return f"{self.prefix}upload:{upload_id}"
+
+    def done(self, batch_id: str) -> str:
+        return f"{self.prefix}done:{batch_id}"
+
+    def receipt(self, batch_id: str) -> str:
+        """string: what the batch's application changed ('sku,before,quantity\\n' per row, domain/receipt.py),
+        written with the done marker and kept forever like it."""
+        return f"{self.prefix}receipt:{batch_id}"
+
+    def owner_jobs(self, owner: str) -> str:
+        """zset jobId -> createdAt: one owner's job records (GET /api/imports)."""
+        return f"{self.prefix}jobs:owner:{owner}"
+
+    def job_events(self, job_id: str) -> str:
+        """stream: one job's events, under the same ids as in P:events."""
+        return f"{self.events}:{job_id}"
+
+    def workers_accepting(self, version: int | str) -> str:
+        """[door] zset worker id -> expiry ms of the workers that accept ``version`` ('' = the name prefix)."""
+        return f"{self.workers}:v{version}"
+
+    def rate(self, owner: str, window: int) -> str:
+        return f"{self.prefix}rate:{owner}:{window}"
+
+    def completed_of(self, owner: str) -> str:
+        """One owner's completed records (retention counts per owner)."""
+        return f"{self.completed}:{owner}"
+
+    def failed_of(self, owner: str) -> str:
+        """One owner's failed records (retention counts per owner)."""
+        return f"{self.failed}:{owner}"

@@ -1,0 +1,211 @@
+-- common.lua: helpers prepended to every Importer script (see adapters/redis/scripts.py,
+-- which also writes DURATION_BUCKETS_MS above this file).
+--
+-- Key layout, all under one prefix P that carries a hash tag, e.g. "{importer}:",
+-- so that every key below hashes to one Redis Cluster slot. The names are
+-- made by the Keys class in adapters/redis/store.py and reach the scripts as
+-- KEYS, or as ARGV name prefixes for keys only known inside a script:
+--   P:stock                 hash    sku -> units on hand
+--   P:generation            string  bumped once per applied shipment
+--   P:done:<batchId>        hash    done marker: result, contentSha256, owner, appliedAt, jobId (kept forever)
+--   P:journal               stream  one entry per applied shipment (kept forever)
+--   P:receipt:<batchId>     string  receipt: 'sku,before,after\n' per row in file order, written by apply.lua
+--                                   with the done marker (kept forever, never rewritten; domain/receipt.py)
+--   P:job:<jobId>           hash    job record (removed by retention)
+--   P:job:<jobId>:rejections string JSON {found, issues}: the located issues a failed validation
+--                                   kept (its rejection report, fail.lua); removed with the record
+--   P:upload:<uploadId>     string  the uploaded CSV bytes (removed with its job, or on completion)
+--   P:jobs:unsent           zset    jobId -> createdAt, recorded but message not yet confirmed sent
+--   P:jobs:waiting          zset    jobId -> createdAt, waiting for its first attempt
+--   P:jobs:active           zset    jobId -> startedAt of the current attempt
+--   P:jobs:completed        zset    jobId -> finishedAt (all owners: retention by age, metrics)
+--   P:jobs:failed           zset    jobId -> finishedAt (all owners: retention by age, metrics)
+--   P:jobs:completed:<owner> zset   jobId -> finishedAt (one owner's: retention by count)
+--   P:jobs:failed:<owner>   zset    jobId -> finishedAt (one owner's: retention by count)
+--   P:events                stream  every job change (approximate MAXLEN)
+--   P:events:<jobId>        stream  [console] the same entries for one job, under the same ids as in
+--                                   P:events (GET /api/imports/{jobId}/events reads it); removed with the record
+--   P:jobs:owner:<owner>    zset    [console] jobId -> createdAt, one owner's job records (GET /api/imports);
+--                                   written by enqueue.lua, removed with the record by retention
+--   P:stats                 hash    queue-wide counters for /metrics (completed, failed:<code>,
+--                                   retries, rows_applied, replays, duration buckets)
+--   P:rate:<owner>:<window> string  POSTs of one owner in one rate-limit window (expires)
+--   P:dramatiq:...          dramatiq's Redis broker (queues, delayed queues); no script touches them
+--   P:jobs:deadline         zset    jobId -> deadline ms of every sent job not final yet (reconcile.lua)
+--   P:fence                 string  the attempts' fencing tokens (INCR in start.lua)
+--   P:reconciler:lock       string  one reconciler pass at a time (expires)
+--   P:health                string  /health's write probe (expires)
+--   P:workers               zset    [door] worker id -> expiry ms (server clock) of its last presence beat
+--   P:workers:accepts       hash    [door] worker id -> the contract versions it accepts, e.g. "1,2"
+--   P:workers:v<version>    zset    [door] worker id -> expiry ms, of the workers accepting that version
+--                                   (all three written by presence.lua; read by enqueue.lua's door check)
+--
+-- Time: enqueue.lua uses the caller's clock (createdAt,
+-- rate-limit window); start, apply and fail use the server's (server_ms), so
+-- that an attempt's timestamps and duration are measured by one clock.
+--
+-- Job steps: start.lua, apply.lua and fail.lua change a job's state and share
+-- their first KEYS and ARGV (read by job_step below), then add their own:
+--   KEYS[1] P:job:<jobId>   KEYS[2] P:events   KEYS[3] P:jobs:active
+--   KEYS[4] P:jobs:failed   KEYS[5] P:stats
+--   ARGV[1] jobId  ARGV[2] events maxlen  ARGV[3] 'P:job:'  ARGV[4] 'P:upload:'
+--   ARGV[5] 'P:jobs:owner:'  ARGV[6] 'P:jobs:failed:' (an owner's index is the prefix plus the owner)
+--   ARGV[7] keepFailedAgeMs  ARGV[8] keepFailedCount
+--
+-- Retention deletes job and upload keys it finds in the retention indexes,
+-- and keeps per-owner indexes; their names are only known once an index or a
+-- record is read, so they are built from the name prefixes in ARGV (and a
+-- job's own event stream by job_events_key, the rule Keys.job_events follows;
+-- a test checks both agree). They share P's hash tag, so they live in the
+-- same slot as every declared key.
+
+-- Milliseconds from the server's clock (TIME is allowed in scripts since
+-- Redis 5, which replicates effects rather than scripts).
+local function server_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- keys, argv: the script's KEYS and ARGV (the default), or those a combined
+-- script hands to a step it runs (start_apply.lua).
+local function job_step(keys, argv)
+  keys, argv = keys or KEYS, argv or ARGV
+  return {
+    key = keys[1], events = keys[2], active = keys[3], failed = keys[4], stats = keys[5],
+    id = argv[1], maxlen = argv[2], job_prefix = argv[3], upload_prefix = argv[4],
+    owner_jobs_prefix = argv[5], failed_of = argv[6],
+    keep_failed_age = tonumber(argv[7]), keep_failed_count = tonumber(argv[8]),
+    now = server_ms(),
+  }
+end
+
+-- [console] One job's own event stream: P:events:<jobId> (Keys.job_events).
+local function job_events_key(events_key, job_id)
+  return events_key .. ':' .. job_id
+end
+
+-- A failed validation's rejection report: P:job:<jobId>:rejections (Keys.rejections).
+local function rejections_key(job_key)
+  return job_key .. ':rejections'
+end
+
+-- Each event goes to P:events and [console] to P:events:<jobId> under the
+-- same id, so that a stream of one job reads only its own entries. pcall:
+-- that second write must never abort the script after the first one.
+local JOB_EVENTS_MAXLEN = 64
+local function emit(events_key, maxlen, kind, job_id, batch_id, attempt, data)
+  local id = redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*',
+    'event', kind, 'jobId', job_id, 'batchId', batch_id,
+    'attempt', attempt, 'data', data)
+  redis.pcall('XADD', job_events_key(events_key, job_id), 'MAXLEN', JOB_EVENTS_MAXLEN, id,
+    'event', kind, 'jobId', job_id, 'batchId', batch_id,
+    'attempt', attempt, 'data', data)
+end
+
+local function is_finished(state)
+  return state == 'completed' or state == 'failed'
+end
+
+-- A finished job enters the retention indexes: all owners' and its owner's.
+local function index_finished(step, index_key, owner_prefix, owner)
+  redis.call('ZADD', index_key, step.now, step.id)
+  redis.call('ZADD', owner_prefix .. owner, step.now, step.id)
+end
+
+-- Remove finished job records older than age_ms, over all owners, then all
+-- but the newest `count` of this owner's, so that one owner's traffic never
+-- removes another's records before their age runs out. The upload, the
+-- owner's index entries, the rejection report and [console] the job's event
+-- stream go with the record. Bounded work per call (at most 2 x 1000 records); the rest goes on
+-- the next state change.
+local function retain(step, index_key, owner_prefix, owner, age_ms, count)
+  local function drop(id, known_owner)
+    local job_key = step.job_prefix .. id
+    local rec = redis.call('HMGET', job_key, 'uploadId', 'owner')
+    if rec[1] then redis.call('DEL', step.upload_prefix .. rec[1]) end
+    redis.call('DEL', job_key, job_events_key(step.events, id), rejections_key(job_key))
+    redis.call('ZREM', index_key, id)
+    local of = rec[2] or known_owner
+    if of then
+      redis.call('ZREM', owner_prefix .. of, id)
+      redis.call('ZREM', step.owner_jobs_prefix .. of, id)
+    end
+  end
+  local old = redis.call('ZRANGEBYSCORE', index_key, '-inf', '(' .. (step.now - age_ms), 'LIMIT', 0, 1000)
+  for _, id in ipairs(old) do drop(id, false) end
+  local owner_index = owner_prefix .. owner
+  local extra = redis.call('ZCARD', owner_index) - count
+  if extra > 0 then
+    if extra > 1000 then extra = 1000 end
+    for _, id in ipairs(redis.call('ZRANGE', owner_index, 0, extra - 1)) do drop(id, owner) end
+  end
+end
+
+-- Queue-wide counters in P:stats, read by GET /metrics.
+local function count(stats_key, field, by)
+  redis.call('HINCRBY', stats_key, field, by or 1)
+end
+
+local function count_failed(stats_key, error_json)
+  local ok, decoded = pcall(cjson.decode, error_json)
+  local code = (ok and type(decoded) == 'table' and decoded['code']) or 'unknown'
+  count(stats_key, 'failed:' .. code)
+end
+
+-- One observation of an attempt's duration (its attemptStartedAt -> now), as
+-- a Prometheus histogram: the smallest bucket it fits, made cumulative at
+-- scrape. Nothing when no attempt ever started. (A script that already read
+-- the record's attemptStartedAt passes it as step.attempt_started.)
+local function observe_duration(step)
+  local started = step.attempt_started or redis.call('HGET', step.key, 'attemptStartedAt')
+  if not started then return end
+  local ms = step.now - tonumber(started)
+  local bucket = '+Inf'
+  for _, le in ipairs(DURATION_BUCKETS_MS) do
+    if ms <= le then bucket = tostring(le) break end
+  end
+  redis.call('HINCRBY', step.stats, 'duration_le:' .. bucket, 1)
+  redis.call('HINCRBY', step.stats, 'duration_sum_ms', ms)
+end
+
+-- The job ends failed: record, indexes, event, retention, counters. The one
+-- way start, apply and fail mark a job failed.
+-- (A record without an owner, written by hand, counts as owner ''.)
+local function mark_failed(step, batch_id, owner, attempt, error_json, diagnostic)
+  redis.call('HSET', step.key, 'state', 'failed', 'error', error_json, 'diagnostic', diagnostic,
+    'finishedAt', step.now, 'updatedAt', step.now)
+  redis.call('ZREM', step.active, step.id)
+  index_finished(step, step.failed, step.failed_of, owner or '')
+  emit(step.events, step.maxlen, 'failed', step.id, batch_id, attempt, error_json)
+  count_failed(step.stats, error_json)
+  observe_duration(step)
+  retain(step, step.failed, step.failed_of, owner or '', step.keep_failed_age, step.keep_failed_count)
+end
+
+-- [door] nil when a producer of `version` may record new work, else the
+-- versions the live workers accept ("1,3", ascending). Live: expiry (server
+-- clock, see presence.lua) not past. One ZCOUNT when a live worker accepts
+-- the version, whatever the number of workers; the rest only when none does.
+-- No live worker at all: nil (queued work waits). A live id without an
+-- accepts entry (removed by hand) counts as absent.
+local function no_worker_accepts(workers_key, accepts_key, version_key, version)
+  local now = server_ms()
+  if redis.call('ZCOUNT', version_key, now, '+inf') > 0 then return nil end
+  local live = redis.call('ZRANGEBYSCORE', workers_key, now, '+inf')
+  if #live == 0 then return nil end
+  local seen, any = {}, false
+  for _, accepts in ipairs(redis.call('HMGET', accepts_key, unpack(live))) do
+    if accepts then
+      for v in string.gmatch(accepts, '%d+') do
+        if v == version then return nil end
+        seen[tonumber(v)] = true
+        any = true
+      end
+    end
+  end
+  if not any then return nil end
+  local versions = {}
+  for v in pairs(seen) do versions[#versions + 1] = v end
+  table.sort(versions)
+  return table.concat(versions, ',')
+end

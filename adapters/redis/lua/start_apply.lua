@@ -1,0 +1,67 @@
+-- start_apply.lua: one script call for a small import whose upload the
+-- worker received with its queue message (fetch.lua) and has already parsed
+-- and validated: start the attempt (start.lua), record 'validated', apply and
+-- complete (apply.lua), and acknowledge the queue message, atomically.
+--
+-- adapters/redis/scripts.py puts start.lua and apply.lua above this file, unchanged,
+-- as the functions start_step(KEYS, ARGV) and apply_step(KEYS, ARGV): the
+-- rules, checks, events and counters are theirs; this file only hands each its
+-- KEYS and ARGV and passes what the start learnt (attempt, owner, fencing
+-- token) to the apply. The events are the separate steps' own, in the same
+-- order: active, progress 'validated', progress 'committed', completed (or failed).
+--
+-- KEYS: the job-step header (common.lua, 5 keys), start.lua's own KEYS[6..10],
+-- apply.lua's own KEYS[6..] (as many as apply.lua declares), then the last
+-- three: dramatiq's acks set of this worker and queue, the queue's message
+-- hash, dramatiq's worker heartbeats (so that a key added to apply.lua needs
+-- no change here: RedisStore.start_and_apply passes apply's list as it is)
+-- ARGV[1..8]   the job-step header
+-- ARGV[9..15]  start.lua's ARGV[9..15]
+-- ARGV[16] the dramatiq message's redis_message_id ('' = do not acknowledge)
+-- ARGV[17] the dramatiq worker id   ARGV[18] the worker's clock in ms (its heartbeat, as dramatiq's ack)
+-- ARGV[19..]   apply.lua's ARGV[9..] (the apply's owner, attempt and token are set here from the start)
+--
+-- Acknowledging: exactly what dramatiq's own ack does (dispatch.lua 'ack':
+-- heartbeat, SREM from the acks set, HDEL of the message when it was there),
+-- for every outcome after which the actor returns normally. Not for a
+-- permanent failure (conflict, overflow, upload missing): dramatiq rejects
+-- that message itself (its nack), as with the separate steps.
+--
+-- Returns {start reply (its csv replaced by ''), apply reply or {}, 1 if acknowledged else 0}
+
+local function slice(list, from, to, into)
+  local out = into or {}
+  for i = from, to do out[#out + 1] = list[i] end
+  return out
+end
+
+local acks_key, messages_key, heartbeats_key = KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS]
+local start_keys = slice(KEYS, 1, 10)
+local start_argv = slice(ARGV, 1, 15)
+local apply_keys = slice(KEYS, 11, #KEYS - 3, slice(KEYS, 1, 5))
+local apply_argv = slice(ARGV, 19, #ARGV, slice(ARGV, 1, 8))
+
+local function acknowledge()
+  if ARGV[16] == '' then return 0 end
+  redis.call('ZADD', heartbeats_key, ARGV[18], ARGV[17])
+  if redis.call('SREM', acks_key, ARGV[16]) > 0 then
+    redis.call('HDEL', messages_key, ARGV[16])
+  end
+  return 1
+end
+
+local started = start_step(start_keys, start_argv)
+if started[1] ~= 'started' then
+  local acked = 0
+  if started[1] ~= 'upload_missing' then acked = acknowledge() end
+  return {started, {}, acked}
+end
+-- {'started', attempt, batchId, owner, contentSha256, csv, token}
+started[6] = ''
+apply_argv[11] = started[4] or ''
+apply_argv[12] = started[2]
+apply_argv[19] = started[7]
+local applied = apply_step(apply_keys, apply_argv)
+local acked = 0
+if applied[1] ~= 'conflict' and applied[1] ~= 'overflow' then acked = acknowledge() end
+return {started, applied, acked}

@@ -1,0 +1,93 @@
+"""The producer's side of the store: a job recorded once, with its upload, event and message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from importer.adapters.redis.base import RedisStoreBase
+from importer.adapters.redis.client import store_errors
+from importer.adapters.redis.records import bytes_of, parse_versions, text_of
+from importer.domain.jobs import JobState
+from importer.domain.ports import EnqueueOutcome
+
+
+class JobRecorder(RedisStoreBase):
+    """Implements :class:`importer.domain.ports.JobRecorder` (enqueue.lua, one round trip per POST)."""
+
+
+    def enqueue(
+        self, *, job_id: str, batch_id: str, owner: str, content_sha256: str, upload_id: str, csv: bytes,
+        raw_sha256: str = "", stored_content: tuple[str, str] | None = None, rate_token: bool = False,
+    ) -> EnqueueOutcome:
+        k, s = self.keys, self.settings
+        now = self._now()
+        # The owner's rate-limit token, in the script's first step (rate_token), as take_rate_token takes it.
+        window_ms = max(1, int(s.rate_window_s * 1000))
+        rate_limit = s.rate_limit if rate_token and s.rate_limit > 0 else 0
+        keys = [
+            k.job(job_id), k.upload(upload_id), k.done(batch_id), k.unsent, k.waiting, k.events, k.owner_jobs(owner),
+            k.workers, k.workers_accepts, k.workers_accepting(s.producer_version), k.rate(owner, now // window_ms),
+        ]
+        args: list[Any] = [
+            job_id, batch_id, owner, content_sha256, upload_id, now, csv, s.events_maxlen, s.producer_version,
+            rate_limit, window_ms * 2, raw_sha256, *(stored_content or ("", "")),
+        ]
+        if self.messages is not None:
+            message = self.messages(job_id, batch_id, upload_id)
+            keys += [message.queue_key, message.messages_key, k.deadline]
+            args += [message.redis_message_id, message.data, int(s.waiting_grace_s * 1000)]
+        with store_errors():
+            reply = self._script("enqueue", keys=keys, args=args)
+        kind = text_of(reply[0])
+        if kind == "created":
+            return EnqueueOutcome("created", JobState.WAITING, sent=bool(int(reply[1])))
+        if kind == "exists":
+            return EnqueueOutcome("exists", text_of(reply[1]))
+        if kind == "no_worker":
+            return EnqueueOutcome(
+                "no_worker", producer_version=s.producer_version, workers_accept=parse_versions(text_of(reply[1]))
+            )
+        if kind == "rate_limited":
+            return EnqueueOutcome("rate_limited", retry_after_ms=window_ms - now % window_ms)
+        if kind == "content_needed":
+            return EnqueueOutcome("content_needed", stored_upload_id=text_of(reply[1]))
+        return EnqueueOutcome("conflict")
+
+    def read_upload(self, upload_id: str) -> bytes | None:
+        """A stored upload (None once retention removed it with its job)."""
+        with store_errors():
+            data = self.client.get(self.keys.upload(upload_id))
+        return bytes_of(data) if data is not None else None
+
+    def take_rate_token(self, owner: str) -> int:
+        """One POST of ``owner``'s fixed-window rate limit (IMPORTER_RATE_LIMIT per
+        IMPORTER_RATE_WINDOW, kept in Redis so it holds across every HTTP process).
+
+        Returns 0 when the POST may go on, else the milliseconds until the
+        window ends. One round trip (INCR and PEXPIRE pipelined), taken before
+        the body is read."""
+        s = self.settings
+        if s.rate_limit <= 0:
+            return 0
+        window_ms = max(1, int(s.rate_window_s * 1000))
+        now = self._now()
+        key = self.keys.rate(owner, now // window_ms)
+        with store_errors():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.incr(key)
+            pipe.pexpire(key, window_ms * 2)  # outlives its window, whenever in it it is set
+            used, _ = pipe.execute()
+        return 0 if int(used) <= s.rate_limit else window_ms - now % window_ms
+
+    def mark_sent(self, job_id: str) -> None:
+        """The message of this job is in the broker: it now has until sentAt +
+        grace to start (the reconciler sends it again otherwise: a message can
+        still be lost after the send, e.g. fetched by a worker whose reply the
+        network dropped). NX: an attempt that already started keeps its deadline."""
+        k = self.keys
+        deadline = self._now() + int(self.settings.waiting_grace_s * 1000)
+        with store_errors():
+            pipe = self.client.pipeline(transaction=True)
+            pipe.zrem(k.unsent, job_id)
+            pipe.zadd(k.deadline, {job_id: deadline}, nx=True)
+            pipe.execute()

@@ -1,0 +1,182 @@
+"""What the store reads and writes, decoded: job and shipment records,
+rejection reports, events, contract versions, and the dramatiq message types
+the store's scripts write or acknowledge."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, NamedTuple
+
+from redis.typing import XReadResponse, ZSetRangeResponse
+
+from importer.domain.errors import CsvIssue, PublicError
+from importer.domain.jobs import JobRecord, JobState, RejectionReport, ShipmentRecord
+
+
+class QueueStats(NamedTuple):
+    """Queue-wide numbers for /metrics, read from Redis at scrape time."""
+
+    waiting: int
+    oldest_waiting_age_s: float
+    active: int
+    counters: dict[str, int]
+
+
+def text_of(value: bytes | str | None) -> str:
+    """A reply value as text ("" for none)."""
+    if value is None:
+        return ""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def bytes_of(value: bytes | str) -> bytes:
+    """A reply value as bytes (the store's client does not decode replies: bytes already)."""
+    return value if isinstance(value, bytes) else value.encode()
+
+
+def xread_entries(reply: XReadResponse | None) -> Iterator[tuple[str, dict[Any, Any]]]:
+    """(id, fields) of each entry of an XREAD reply, of every stream read. The
+    clients here speak RESP2: [[stream, [(id, fields), ...]], ...]."""
+    if isinstance(reply, dict):
+        raise TypeError("an XREAD reply in RESP3 form: the store's clients speak RESP2")
+    for _stream, entries in reply or []:
+        for raw_id, fields in entries:
+            yield text_of(raw_id), fields
+
+
+def members_of(reply: ZSetRangeResponse) -> list[str]:
+    """The members of a sorted-set range read without scores, as text."""
+    members = []
+    for item in reply:
+        if not isinstance(item, (bytes, str)):
+            raise TypeError("a sorted-set range read with scores")
+        members.append(text_of(item))
+    return members
+
+
+def scored_members(reply: ZSetRangeResponse) -> Iterator[tuple[str, Any]]:
+    """(member, score) of each entry of a sorted-set range read WITHSCORES."""
+    for item in reply:
+        if isinstance(item, (bytes, str)):
+            raise TypeError("a sorted-set range read without scores")
+        member, score = item
+        yield text_of(member), score
+
+
+def int_or_none(value: bytes | None) -> int | None:
+    return int(value) if value not in (None, b"") else None
+
+
+def json_or_none(value: bytes | None) -> Any:
+    return json.loads(value) if value not in (None, b"") else None
+
+
+def format_versions(versions: frozenset[int]) -> str:
+    """Contract versions as presence.lua stores them: "1,2"."""
+    return ",".join(str(v) for v in sorted(versions))
+
+
+def parse_versions(text: str) -> frozenset[int]:
+    return frozenset(int(v) for v in text.split(",") if v.strip().isdigit())
+
+
+@cache
+def error_json(code: str) -> str:
+    return json.dumps(PublicError.from_code(code).to_dict(), separators=(",", ":"))
+
+
+def job_record(raw: dict[Any, Any]) -> JobRecord:
+    f = {text_of(key): value for key, value in raw.items()}
+    state = JobState(text_of(f.get("state")))
+    return JobRecord(
+        id=text_of(f.get("id")),
+        batch_id=text_of(f.get("batchId")),
+        owner=text_of(f.get("owner")),
+        state=state,
+        attempt=int(f.get("attempt") or 0),
+        progress=json_or_none(f.get("progress")),
+        result=json_or_none(f.get("result")),
+        error=json_or_none(f.get("error")),
+        created_at_ms=int(f.get("createdAt") or 0),
+        updated_at_ms=int(f.get("updatedAt") or 0),
+        started_at_ms=int_or_none(f.get("startedAt")),
+        finished_at_ms=int_or_none(f.get("finishedAt")),
+        next_attempt_at_ms=int_or_none(f.get("nextAttemptAt")) if state is JobState.RETRYING else None,
+        content_sha256=text_of(f.get("contentSha256")),
+        upload_id=text_of(f.get("uploadId")),
+    )
+
+
+def shipment_record(raw: dict[Any, Any]) -> ShipmentRecord:
+    f = {text_of(key): value for key, value in raw.items()}
+    return ShipmentRecord(
+        batch_id=text_of(f.get("batchId")),
+        owner=text_of(f.get("owner")),
+        applied_at_ms=int(f.get("appliedAt") or 0),
+        result=json.loads(f["result"]),
+        content_sha256=text_of(f.get("contentSha256")),
+        job_id=text_of(f.get("jobId")),
+    )
+
+
+def report_json(error: PublicError) -> str:
+    """The rejection report as stored: {"found": n, "issues": [[line, column, code, message, value], ...]}."""
+    if not error.issues:
+        return ""
+    issues = [[i.line, i.column, i.code, i.message, i.value] for i in error.issues]
+    return json.dumps({"found": error.issues_found, "issues": issues}, separators=(",", ":"), ensure_ascii=False)
+
+
+def rejection_report(job_id: str, raw: bytes) -> RejectionReport:
+    data = json.loads(raw)
+    issues = tuple(CsvIssue(int(i[0]), i[1], str(i[2]), str(i[3]), str(i[4])) for i in data["issues"])
+    return RejectionReport(job_id, issues, int(data["found"]))
+
+
+@dataclass(frozen=True)
+class OutgoingMessage:
+    """A job's dramatiq message, encoded, with the keys dramatiq's Redis broker
+    keeps it under (see adapters/dramatiq/producer.py, ImportQueue.redis_message)."""
+
+    queue_key: str
+    messages_key: str
+    redis_message_id: str
+    data: bytes
+
+
+#: (jobId, batchId, uploadId) -> the message to write with the job record.
+MessageWriter = Callable[[str, str, str], OutgoingMessage]
+
+
+@dataclass(frozen=True)
+class QueueAck:
+    """dramatiq's acknowledgement of one fetched message, made by start_apply.lua
+    in the step that ends the attempt (see adapters/dramatiq/broker.py, MessageHandover):
+    the keys dramatiq's Redis broker keeps it under, and what to call once done."""
+
+    acks_key: str
+    messages_key: str
+    heartbeats_key: str
+    redis_message_id: str
+    worker_id: str
+    #: Called when the script acknowledged the message (dramatiq's consumer then skips its own ack).
+    acknowledged: Callable[[], None]
+
+def event_dict(stream_id: str, fields: dict[Any, Any]) -> dict[str, Any]:
+    """One entry of an events stream as the API, the console and the observer show it."""
+    f = {text_of(k): text_of(v) for k, v in fields.items()}
+    try:
+        data = json.loads(f.get("data") or "{}")
+    except ValueError:
+        data = {}
+    return {
+        "id": stream_id,
+        "event": f.get("event", ""),
+        "jobId": f.get("jobId", ""),
+        "batchId": f.get("batchId", ""),
+        "attempt": int(f.get("attempt") or 0),
+        "data": data,
+    }

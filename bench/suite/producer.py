@@ -1,0 +1,62 @@
+"""Importer's producer path, in-process, for the scenarios that pre-enqueue jobs with no worker running.
+
+The product's own use case, ``importer.domain.submit_import.submit_import``, over the store and sender that
+the HTTP composition root (``importer.adapters.bootstrap.build_http``) builds: the bench does not
+re-implement the enqueue sequence.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from importer.adapters.bootstrap import build_http
+from importer.adapters.settings import Settings
+from importer.domain.submit_import import submit_import
+
+from bench.suite.common import OWNER, BenchError
+
+
+class ImporterProducer:
+    def __init__(self, url: str, env: dict[str, str]) -> None:
+        self.settings = Settings.from_env(dict(env, IMPORTER_REDIS_URL=url))
+        self.side = build_http(self.settings)
+        self.client = self.side.client
+
+    def submit(self, batch_id: str, csv: bytes) -> str:
+        """Record and send one new import; returns its upload id."""
+        upload_id = uuid.uuid4().hex
+        accepted = submit_import(
+            self.side.api.store, self.side.api.sender, owner=OWNER, batch_id=batch_id, csv=csv,
+            upload_id=upload_id, max_rows=self.settings.max_rows,
+        )
+        if accepted.state != "waiting":
+            raise BenchError(f"enqueue of {batch_id}: the job already existed ({accepted})")
+        return upload_id
+
+    def close(self) -> None:
+        self.side.close()
+
+
+def parallel(work: Callable[[range], None], n: int, threads: int = 4) -> None:
+    """Split range(n) over a few threads and wait for all of them."""
+    step = -(-n // threads)
+    chunks = [range(s, min(n, s + step)) for s in range(0, n, step)]
+    with ThreadPoolExecutor(threads) as pool:
+        for fut in [pool.submit(work, c) for c in chunks]:
+            fut.result()
+
+
+def preenqueue_importer(url: str, env: dict[str, str], n: int, tag: str, csv: Callable[[int], bytes]) -> None:
+    """N imports named <tag>-<i> through Importer's producer path, 4 threads, no worker running."""
+    producer = ImporterProducer(url, env)
+
+    def work(indices: range) -> None:
+        for i in indices:
+            producer.submit(f"{tag}-{i}", csv(i))
+
+    try:
+        parallel(work, n)
+    finally:
+        producer.close()

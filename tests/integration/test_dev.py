@@ -1,0 +1,120 @@
+"""`importer dev` (what `make run` starts), as a newcomer sees it: readable
+log lines, no warning on a default start, and Ctrl-C stops everything cleanly.
+
+Real processes: the embedded valkey (IMPORTER_REDIS_URL unset, as on a fresh
+machine), the events observer, `importer worker` and `importer serve`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from importer.adapters.processes.client import http_json
+from tests.integration.support import FIXTURES, ROOT, free_port, wait_for
+
+pytestmark = pytest.mark.integration
+
+#: `importer dev`'s text lines: "21:40:01 info  worker.presence workerId=..."
+TEXT_LINE = re.compile(r"^\d\d:\d\d:\d\d (debug|info |warning|error|critical) \S")
+
+
+def _stat(pid: int) -> tuple[int, str, str] | None:
+    """(parent pid, state, start time) of a live process, else None."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2:].split()  # after "pid (comm) "
+    return int(fields[1]), fields[0], fields[19]
+
+
+def _family(root: int) -> dict[int, str]:
+    """Every descendant of ``root``, with its start time (against pid reuse)."""
+    parents: dict[int, list[int]] = {}
+    starts: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
+            parents.setdefault(stat[0], []).append(int(entry.name))
+            starts[int(entry.name)] = stat[2]
+    found: dict[int, str] = {}
+    todo = [root]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found[child] = starts[child]
+            todo.append(child)
+    return found
+
+
+def _still_running(family: dict[int, str]) -> list[int]:
+    return [pid for pid, start in family.items() if (stat := _stat(pid)) is not None and stat[2] == start and stat[1] != "Z"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ctrl_c_stops_importer_dev_cleanly_with_readable_lines(tmp_path: Path) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IMPORTER_")}
+    env.update(IMPORTER_DATA_DIR=str(tmp_path / "data"), PYTHONUNBUFFERED="1")
+    out = tmp_path / "dev.log"
+    with open(out, "wb") as handle:
+        # Its own process group, as a shell gives a foreground job.
+        dev = subprocess.Popen(
+            [sys.executable, "-m", "importer.adapters.processes.cli", "dev", "--port", str(port)],
+            stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True,
+        )
+    family: dict[int, str] = {}
+    try:
+        wait_for(lambda: "dev: press Ctrl-C to stop" in out.read_text(), 90, 0.1, "importer dev to be ready")
+        wait_for(lambda: "Worker process is ready for action" in out.read_text(), 60, 0.1, "the worker")
+        key = re.search(r"^dev: API key: (\S+)$", out.read_text(), re.MULTILINE)
+        assert key is not None
+        status, body = http_json(
+            "POST", f"http://127.0.0.1:{port}/api/imports?batchId=dev-ctrl-c", key.group(1),
+            (FIXTURES / "shipment-a-2026.csv").read_bytes(), "text/csv",
+        )
+        assert status == 202, body
+        wait_for(lambda: re.search(r"^completed \S+", out.read_text(), re.MULTILINE), 30, 0.1, "the import to complete")
+        family = _family(dev.pid)
+        # valkey, the observer, dramatiq's main and worker processes, granian's main and worker.
+        assert len(family) >= 6, family
+        # Ctrl-C: a terminal sends SIGINT to every process of its foreground group.
+        os.killpg(dev.pid, signal.SIGINT)
+        rc = dev.wait(timeout=120)
+    finally:
+        if dev.poll() is None:
+            os.killpg(dev.pid, signal.SIGKILL)
+            dev.wait()
+        for pid in _still_running(family):
+            os.kill(pid, signal.SIGKILL)
+    lines = out.read_text().splitlines()
+    shown = "\n".join(lines)
+
+    assert rc == 0, shown
+    assert lines[-1] == "dev: stopped", shown
+    assert not _still_running(family), shown
+    # Text, not JSON: each log line reads "HH:MM:SS level event key=value".
+    json_lines = []
+    for line in lines:
+        try:
+            json_lines.append(json.loads(line))
+        except ValueError:
+            pass
+    assert not [line for line in json_lines if isinstance(line, dict)], shown
+    assert [line for line in lines if re.match(r"^\d\d:\d\d:\d\d info  import\.applied .*jobId=", line)], shown
+    assert [line for line in lines if TEXT_LINE.match(line)], shown
+    # No warning on a default start (granian's "up to 8 Python threads" was one).
+    assert not [line for line in lines if "Python threads" in line], shown
+    assert not [line for line in lines if re.search(r"\bwarning\b", line) and "granian" in line], shown
+    # Every process stopped by itself: nothing killed, and Redis outlived them
+    # (the embedded valkey got the Ctrl-C too and stopped first).
+    assert not [line for line in lines if "killing" in line.lower()], shown
+    assert "connection error" not in shown.lower(), shown
+    assert not [line for line in lines if re.match(r"^\S+ (warning|error|critical)", line)], shown
+    for event in ("events.closed", "worker.redis_closed", "http.closed"):
+        assert [line for line in lines if f" {event}" in line], (event, shown)

@@ -1,0 +1,49 @@
+"""dramatiq's private API, as adapters/dramatiq/private.py uses it, against
+dramatiq's own Redis broker on a real server: when an upgrade changes one of
+these shapes, this fails before anything else does."""
+
+from __future__ import annotations
+
+import uuid
+
+import dramatiq
+import pytest
+import redis
+from dramatiq.brokers.redis import RedisBroker
+
+from importer.adapters.dramatiq import private
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_private_shapes_importer_relies_on_hold(redis_url: str) -> None:
+    namespace = "{priv" + uuid.uuid4().hex[:8] + "}:dramatiq"
+    client = redis.Redis.from_url(redis_url)
+    broker = RedisBroker(client=client, namespace=namespace, middleware=[])
+    queue = "q" + uuid.uuid4().hex[:6]
+    try:
+        broker.declare_queue(queue)
+        message = broker.enqueue(dramatiq.Message(queue_name=queue, actor_name="a", args=(1,), kwargs={}, options={}))
+        rid = message.options["redis_message_id"]
+        # Where RedisBroker.enqueue writes a message: enqueue.lua writes it there too.
+        assert client.lrange(private.queue_key(namespace, queue), 0, -1) == [rid.encode()]
+        assert client.hexists(private.messages_key(namespace, queue), rid)
+        # The consumer class, and where a fetched message waits for its ack.
+        consumer = broker.consume(queue, prefetch=1, timeout=1000)
+        assert isinstance(consumer, private.RedisConsumer)
+        fetched = next(m for m in consumer if m is not None)
+        assert fetched.options["redis_message_id"] == rid
+        assert client.sismember(private.acks_key(namespace, broker.broker_id, queue), rid)
+        assert client.zscore(private.heartbeats_key(namespace), broker.broker_id) is not None
+        # The private calls the fetch makes, with the shapes it passes on.
+        assert private.should_do_maintenance(broker, "fetch") in (0, 1)
+        assert private.max_unpack_size(broker) > 0
+        assert callable(private.dispatch(broker, "fetch"))
+        assert "local command" in private.dispatch_script() or "ARGV[1]" in private.dispatch_script()
+        consumer.ack(fetched)
+        assert not client.sismember(private.acks_key(namespace, broker.broker_id, queue), rid)
+        consumer.close()
+    finally:
+        for key in client.scan_iter(match=namespace.replace("{", "\\{").replace("}", "\\}") + "*"):
+            client.delete(key)
+        broker.close()
