@@ -24,6 +24,7 @@ from importer.adapters.metrics import HttpMetrics
 from importer.adapters.dramatiq.broker import build_broker
 from importer.adapters.dramatiq.middleware import AttemptRecorder, CloseConnections, Reconciler
 from importer.adapters.dramatiq.producer import ImportQueue
+from importer.adapters.dramatiq.rabbitmq import BoundedRabbitmqBroker
 from importer.adapters.dramatiq.runner import ImportRunner, declare_import_actor
 from importer.adapters.redis.client import ImporterRedis, StoreUnavailable
 from importer.adapters.redis.store import RedisStore
@@ -183,6 +184,8 @@ def build_http(settings: Settings) -> HttpSide:
         uuidgen=random_hex,
         # The store's Redis or the message broker unreachable: 503, retry later.
         unavailable_errors=(StoreUnavailable, dramatiq.errors.BrokerError),
+        # /health's probe of RabbitMQ (a publish confirmed within the bound); Redis is the store's own.
+        broker_sickness=broker.sickness if isinstance(broker, BoundedRabbitmqBroker) else lambda: "",
         metrics=metrics.render,
         metrics_token=settings.metrics_token,
         on_store_error=metrics.redis_errors.inc,

@@ -102,7 +102,12 @@ class Settings:
     queue_name: str = "imports"
     #: Seconds; dramatiq's TimeLimit for one attempt.
     time_limit_s: float = 60.0
+    #: Attempts that count: those that failed for the import's own reasons
+    #: (the store being away never counts; a stalled worker counts apart).
     max_attempts: int = 3
+    #: Stalls (an attempt whose worker vanished while the store answered: its
+    #: lease ran out) an import survives; one more fails it with import.stalled.
+    max_stalls: int = 2
     min_backoff_ms: int = 1000
     max_backoff_ms: int = 30_000
     #: Seconds without a heartbeat before a dead worker's messages are redelivered.
@@ -199,6 +204,7 @@ class Settings:
             worker_shutdown_timeout_s=_float(env, "IMPORTER_WORKER_SHUTDOWN_TIMEOUT", cls.worker_shutdown_timeout_s),
             waiting_grace_s=_float(env, "IMPORTER_WAITING_GRACE", cls.waiting_grace_s),
             attempt_lease_s=_float(env, "IMPORTER_ATTEMPT_LEASE", cls.attempt_lease_s),
+            max_stalls=_int(env, "IMPORTER_MAX_STALLS", cls.max_stalls),
             stall_margin_s=_float(env, "IMPORTER_STALL_MARGIN", cls.stall_margin_s),
             reconcile_interval_s=_float(env, "IMPORTER_RECONCILE_INTERVAL", cls.reconcile_interval_s),
             redis_socket_timeout_s=_float(env, "IMPORTER_REDIS_SOCKET_TIMEOUT", cls.redis_socket_timeout_s),

@@ -27,15 +27,16 @@ EXPLANATIONS: dict[str, tuple[str, str]] = {
     "batch.conflict": ("batchId already used for other content", "A batchId names one shipment forever. Use a new batchId for different content."),
     "stock.overflow": ("Stock would exceed its maximum", "A SKU would go above the maximum stock; check the quantities."),
     # Queue contract
-    "contract.unsupported_version": ("Message contract version not supported", "The worker does not accept this message version; upgrade the workers before the producers."),
+    "contract.unsupported_version": ("Message contract version not supported", "The worker does not accept this message version; upgrade the workers before the producers, then retry the import (POST /api/imports/{jobId}/retry)."),
     "contract.invalid_message": ("Message is not valid", "The queue message does not follow the contract; it was not applied."),
     "contract.no_worker": ("No running worker accepts this server's contract version", "Nothing was recorded: the workers that are running cannot read the message version this server sends (producerVersion; the versions they accept are in acceptedVersions). Deploy workers that accept it first (IMPORTER_ACCEPTED_VERSIONS), then send again."),
     # Transient causes that exhausted their attempts
-    "import.attempts_exhausted": ("Import failed after all attempts", "The import kept failing for a temporary reason. Send it again; it will not be applied twice."),
-    "import.time_limit": ("Import took too long", "The import exceeded its time limit on every attempt. Send it again or split it into smaller files."),
-    "import.store_unavailable": ("Storage was unavailable", "The stock store could not be reached on every attempt. Send it again later; it will not be applied twice."),
+    "import.attempts_exhausted": ("Import failed after all attempts", "The import kept failing for a temporary reason. Retry it (POST /api/imports/{jobId}/retry, the console's Retry button or `importer retry`); it will not be applied twice."),
+    "import.time_limit": ("Import took too long", "The import exceeded its time limit on every attempt. Retry it (POST /api/imports/{jobId}/retry) once the workers are less busy, or split it into smaller files under new batchIds."),
+    "import.store_unavailable": ("Storage was unavailable", "The stock store could not be reached on every attempt. Retry it later (POST /api/imports/{jobId}/retry); it will not be applied twice."),
+    "import.stalled": ("Import stalled too often", "The worker running the import stopped answering on more attempts than allowed (IMPORTER_MAX_STALLS) while the store was reachable. Nothing was applied twice; retry the import once the workers are healthy."),
     "import.worker_lost": ("Worker stopped during the import", "The worker running the import stopped answering; the import is tried again and will not be applied twice."),
-    "import.upload_missing": ("Upload is gone", "The stored file for this job was removed. Send the shipment again."),
+    "import.upload_missing": ("Upload is gone", "The stored file for this job was removed, so it cannot be retried. Send the shipment again under a new batchId."),
     # HTTP
     "request.bad_json": ("Body is not valid JSON", "Send a JSON object {\"batchId\": ..., \"csv\": ...}."),
     "request.invalid": ("Request is not valid", "Fix the fields listed in 'fields' and send again."),
@@ -46,6 +47,7 @@ EXPLANATIONS: dict[str, tuple[str, str]] = {
     "request.method_not_allowed": ("Method not allowed", "See openapi.yaml for the methods of this path."),
     "auth.required": ("API key required", "Send 'Authorization: Bearer <key>' with a key issued for your producer."),
     "job.not_found": ("No such import job", "The job record does not exist or was removed by retention some time after it finished. A missing record does not mean the batch was never applied: read GET /api/shipments/{batchId} for the durable history."),
+    "job.not_retryable": ("Import cannot be retried", "Only a failed import whose failure a retry can change (its attempts ran out, its time limit, the store or a worker was lost, a message or contract version the workers did not take) can be retried. 'detail' says why this one cannot; a failed CSV validation, a conflict or an overflow needs a new file under a new batchId."),
     "rejections.not_found": ("No rejection report for this import", "Only an import that failed CSV validation has a rejection report. Read GET /api/imports/{jobId}: its state and error say what happened."),
     "shipment.not_found": ("No applied shipment with this batchId", "This batch has not been applied (yet). If you sent it, read its job: GET /api/imports/shipment-{batchId}."),
     "receipt.not_recorded": ("No receipt for this shipment", "This batch was applied before this service recorded receipts, so what it changed per SKU was not kept. GET /api/shipments/{batchId} says when it was applied."),
@@ -113,6 +115,31 @@ class CsvInvalid(DomainError):
         self.found = found if found is not None else len(issues) + (1 if truncated else 0)
         #: True when issues were found beyond those kept.
         self.truncated = truncated or self.found > len(issues)
+
+
+class JobNotFound(DomainError):
+    """No job record, or another owner's: one answer for both."""
+
+    code = "job.not_found"
+
+
+class NotRetryable(DomainError):
+    """The owner's import cannot be retried: not failed, or failed for a
+    reason a retry cannot change (domain/retry_import.py retry_refusal)."""
+
+    code = "job.not_retryable"
+
+    def __init__(self, detail: str, *, state: str, error_code: str = "") -> None:
+        super().__init__(detail)
+        self.state = state
+        self.error_code = error_code
+
+    def public_members(self) -> dict[str, object]:
+        """What the answer says: why (the owner's own import: its state and failure code)."""
+        members: dict[str, object] = {"detail": self.detail, "state": self.state}
+        if self.error_code:
+            members["errorCode"] = self.error_code
+        return members
 
 
 class BatchConflict(DomainError):

@@ -40,6 +40,8 @@ class JobRecord:
     next_attempt_at_ms: int | None = None
     content_sha256: str = ""
     upload_id: str = ""
+    #: How many times its owner retried it (each retry starts a new attempt chain: attempt from 0).
+    retries: int = 0
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,46 @@ class JobRecorder(Protocol):
     def mark_sent(self, job_id: str) -> None: ...
 
 
+@dataclass(frozen=True)
+class RetryOutcome:
+    """What asking for a retry of a job did (RetryStore.retry_job)."""
+
+    #: 'missing': no record, or another owner's (the same answer, after the same work).
+    #: 'not_retryable': nothing changed; ``reason`` says why (domain/retry_import.py).
+    #: 'no_worker': live workers exist and none accepts the producer's contract version
+    #: (the door check, as for a new job); nothing changed.
+    kind: Literal["retried", "missing", "not_retryable", "no_worker"]
+    #: 'retried': the job's batchId, and how many retries it has had (this one included).
+    batch_id: str = ""
+    retries: int = 0
+    #: 'retried': the message was written in the same atomic step (the Redis transport).
+    sent: bool = False
+    #: 'not_retryable': 'state' (not failed), 'code' (its failure cannot change), 'upload_gone';
+    #: with the job's state and its failure's code ('' when none).
+    reason: str = ""
+    state: str = ""
+    error_code: str = ""
+    #: 'no_worker': the version refused, and every version the live workers accept.
+    producer_version: int = 0
+    workers_accept: frozenset[int] = frozenset()
+
+
+class RetryStore(Protocol):
+    """Retries a failed job: one atomic step that checks and starts its new attempt chain."""
+
+    def retry_job(self, *, job_id: str, owner: str, upload_id: str, retryable: frozenset[str]) -> RetryOutcome:
+        """Retry ``owner``'s job ``job_id`` when it is failed with a code in
+        ``retryable`` and its upload is kept: state waiting, attempt counters
+        reset, error cleared, out of the failed indexes, an event ``waiting``
+        with ``{"retry": n}``; its upload now under ``upload_id`` (so a
+        message of the earlier chain finds itself stale). The done marker is
+        not touched. A missing job and another owner's answer 'missing' alike.
+        Like a new job it passes the door check ('no_worker')."""
+        ...
+
+    def mark_sent(self, job_id: str) -> None: ...
+
+
 class MessageSender(Protocol):
     """Sends the versioned queue message of a recorded job."""
 
@@ -122,9 +162,13 @@ class AttemptStore(Protocol):
     ) -> ApplyResult: ...
 
     def record_failure(
-        self, *, job_id: str, attempt: int | None, final: bool, error: PublicError, diagnostic: str,
-        next_attempt_at_ms: int | None, token: str = "",
-    ) -> str: ...
+        self, *, job_id: str, attempt: int | None, final: bool | None, error: PublicError, diagnostic: str,
+        next_attempt_at_ms: int | None, token: str = "", outage: bool = False,
+    ) -> str:
+        """'retrying' or 'failed'. ``final`` None: final once the attempts that
+        count reach the maximum; ``outage``: the store was away, the attempt
+        does not count."""
+        ...
 
     def start_and_apply(
         self, *, job_id: str, upload_id: str, batch_id: str, shipment: Shipment, ack: Any = None,
@@ -172,7 +216,7 @@ class StoreHealth(Protocol):
     def live_workers(self) -> dict[str, frozenset[int]]: ...
 
 
-class JobStore(JobRecorder, JobReads, ReceiptStore, JobEventSource, StoreHealth, Protocol):
+class JobStore(JobRecorder, RetryStore, JobReads, ReceiptStore, JobEventSource, StoreHealth, Protocol):
     """Everything the HTTP side needs of the store."""
 
 

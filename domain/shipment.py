@@ -61,6 +61,12 @@ def job_id_for(batch_id: str) -> str:
     return f"shipment-{batch_id}"
 
 
+def batch_id_of(job_id: str) -> str | None:
+    """The batchId whose job id this is (job_id_for's inverse), or None when no batch has it."""
+    batch_id = job_id.removeprefix("shipment-")
+    return batch_id if batch_id != job_id and is_valid_batch_id(batch_id) else None
+
+
 @dataclass(frozen=True, slots=True)
 class Row:
     sku: str

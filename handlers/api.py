@@ -24,6 +24,7 @@ from importer.domain.contract import CURRENT_VERSION, live_workers_can_run
 from importer.domain.errors import RateLimited
 from importer.domain.jobs import JobRecord
 from importer.domain.ports import JobStore, MessageSender
+from importer.domain.retry_import import retry_refusal
 from importer.domain.shipment import BATCH_ID_PATTERN, is_valid_batch_id
 from importer.domain.submit_import import submit_import
 from importer.handlers.answers import RETRY_AFTER_UNAVAILABLE_S, retry_after
@@ -69,6 +70,9 @@ class Api:
     uuidgen: Callable[[], str]
     #: Exceptions meaning "the store cannot be reached": answered 503.
     unavailable_errors: tuple[type[BaseException], ...] = ()
+    #: Why the message transport cannot take a message now ('' = it can):
+    #: ``broker_blocked`` or ``broker_unreachable``, for /health (RabbitMQ only).
+    broker_sickness: Callable[[], str] = lambda: ""
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
     #: Renders Prometheus text: (body, content type). None: /metrics is off.
     metrics: Callable[[], tuple[bytes, str]] | None = None
@@ -119,6 +123,9 @@ def job_status(record: JobRecord) -> dict[str, Any]:
         "startedAt": _time(record.started_at_ms),
         "finishedAt": _time(record.finished_at_ms),
         "nextAttemptAt": _time(record.next_attempt_at_ms),
+        "retries": record.retries,
+        # Its upload is kept as long as its record (docs/reliability.md, "Retrying a failed import").
+        "retryable": retry_refusal(record.state, str(error.get("code")) if isinstance(error, dict) else None) is None,
     }
     dumped: dict[str, Any] = _JOB_STATUS.dump(payload)
     return dumped
@@ -226,11 +233,14 @@ def get_shipment(api: Api, req: Request) -> Response:
 
 
 def health(api: Api, req: Request) -> Response:
-    """GET /health: 200 when not closing and Redis answers and accepts writes.
+    """GET /health: 200 when not closing, Redis answers and accepts writes, and
+    the message transport takes messages.
 
     503 reasons: ``closing``, ``redis_unreachable``, ``redis_refuses_writes``
-    (full, read-only, loading...). With 200, ``workers``: the live workers as
-    the door check sees them. No live worker, or none accepting this
+    (full, read-only, loading...); on RabbitMQ, ``broker_blocked`` (it blocks
+    publishers: a memory or disk alarm) and ``broker_unreachable`` (refused,
+    closed, or no confirm within the bound). With 200, ``workers``: the live
+    workers as the door check sees them. No live worker, or none accepting this
     server's version, is still 200: it is not this process that is sick, and
     its GETs keep serving (its POSTs wait, or answer 503 contract.no_worker)."""
     if api.lifecycle.closing:
@@ -242,7 +252,9 @@ def health(api: Api, req: Request) -> Response:
     except api.unavailable_errors as exc:
         answered = False
         reason = getattr(exc, "reason", reason)
-    if not answered:
+    if answered:
+        reason = api.broker_sickness()  # '' when the transport takes messages
+    if not answered or reason:
         return json_response(503, {"status": "unavailable", "reason": reason}, retry_after(RETRY_AFTER_UNAVAILABLE_S))
     workers = {
         "alive": len(live),

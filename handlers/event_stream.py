@@ -11,7 +11,9 @@ timeout), so a Redis connection from the pool while it waits. Every
 a vanished client is noticed) and re-reads the job record (one HGETALL).
 After ``max_duration_s`` it ends; the client reconnects with
 ``Last-Event-ID`` and misses nothing. It ends after the job's final event
-(completed or failed), and when the process begins to shut down.
+(completed or failed) when no event follows it (a retried import's history
+holds the earlier chain's ``failed``, then ``waiting`` with ``{"retry": n}``:
+the stream goes on), and when the process begins to shut down.
 """
 
 from __future__ import annotations
@@ -144,17 +146,26 @@ class JobEventStream:
         yield f"retry: {cfg.retry_ms}\n: stream of {job_id}\n\n".encode()
         started = last_write = cfg.clock()
         cursor = self.after_id
-        # What is stored already, without waiting.
-        for event in self.source.job_events(job_id, cursor, None):
+        # What is stored already, without waiting. A final event ends the
+        # stream only when it is the last one (a retry's events may follow it).
+        stored = self.source.job_events(job_id, cursor, None)
+        for event in stored:
             cursor = event["id"]
             yield sse_event(event)
-            if event["event"] in FINISHED_STATES:
-                return
-        if self.record.state in FINISHED_STATES:
-            # Finished, but its final event is not stored (trimmed, or older than
-            # the per-job streams): tell it from the record, then end.
-            yield sse_event(final_event_from_record(self.record))
+        if stored and stored[-1]["event"] in FINISHED_STATES:
             return
+        if self.record.state in FINISHED_STATES:
+            # Events after the record was read mean it was retried since: read it
+            # again before telling the end from it.
+            record = self.source.get_owned_job(job_id, self.record.owner) if stored else self.record
+            if record is None:
+                yield b": the job record is gone\n\n"
+                return
+            if record.state in FINISHED_STATES:
+                # Finished, but its final event is not stored (trimmed, or older than
+                # the per-job streams): tell it from the record, then end.
+                yield sse_event(final_event_from_record(record))
+                return
         while not self.closing():
             now = cfg.clock()
             remaining = cfg.max_duration_s - (now - started)
@@ -168,8 +179,8 @@ class JobEventStream:
                 cursor = event["id"]
                 yield sse_event(event)
                 last_write = cfg.clock()
-                if event["event"] in FINISHED_STATES:
-                    return
+            if events and events[-1]["event"] in FINISHED_STATES:
+                return
             if not events and cfg.clock() - last_write >= cfg.heartbeat_s:
                 record = self.source.get_owned_job(job_id, self.record.owner)
                 if record is None:
@@ -177,13 +188,17 @@ class JobEventStream:
                     return
                 if record.state in FINISHED_STATES:
                     # Its final event was missed (trimmed): read once more, else tell it from the record.
-                    for event in self.source.job_events(job_id, cursor, None):
+                    events = self.source.job_events(job_id, cursor, None)
+                    for event in events:
                         cursor = event["id"]
                         yield sse_event(event)
-                        if event["event"] in FINISHED_STATES:
-                            return
-                    yield sse_event(final_event_from_record(record))
-                    return
+                    if not events:
+                        yield sse_event(final_event_from_record(record))
+                        return
+                    if events[-1]["event"] in FINISHED_STATES:
+                        return
+                    last_write = cfg.clock()  # retried since: its new chain goes on
+                    continue
                 yield b": heartbeat\n\n"
                 last_write = cfg.clock()
         yield b": server closing, reconnect with Last-Event-ID\n\n"

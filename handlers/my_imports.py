@@ -1,5 +1,6 @@
-"""The caller's own imports: the list (``GET /api/imports``) and one job's
-live events (``GET /api/imports/{jobId}/events``). Both are scoped to the
+"""The caller's own imports: the list (``GET /api/imports``), one job's
+live events (``GET /api/imports/{jobId}/events``) and the retry of a failed
+one (``POST /api/imports/{jobId}/retry``). Each is scoped to the
 authenticated owner; another owner's job answers the same 404 bytes as a
 missing one."""
 
@@ -9,6 +10,8 @@ import base64
 import binascii
 import re
 
+from importer.domain.errors import JobNotFound, RateLimited
+from importer.domain.retry_import import retry_import
 from importer.handlers.answers import RETRY_AFTER_STREAM_SLOT_S, retry_after
 from importer.handlers.api import Api, job_status
 from importer.handlers.event_stream import STREAM_ID, JobEventStream
@@ -91,3 +94,24 @@ def job_events(api: Api, req: Request) -> Response:
         ("X-Accel-Buffering", "no"),
     )
     return Response(200, b"", headers, stream=stream)
+
+
+def retry(api: Api, req: Request) -> Response:
+    """POST /api/imports/{jobId}/retry: the use case "retry a failed import"
+    (importer.domain.retry_import). It has no body. Like a POST of an import
+    it takes one of the owner's rate-limit tokens first (for any job id, so a
+    429 tells nothing about the job); then 202 with the enqueue answer's
+    shape, or the same 404 as GET /api/imports/{jobId} of a missing job, or
+    409 job.not_retryable saying why."""
+    owner = req.owner or ""
+    wait_ms = api.store.take_rate_token(owner)
+    if wait_ms:
+        raise RateLimited.after_ms(wait_ms)
+    try:
+        accepted = retry_import(
+            api.store, api.sender, job_id=req.path_params["jobId"], owner=owner, upload_id=api.uuidgen(),
+        )
+    except JobNotFound:
+        raise ApiError("job.not_found") from None  # no instance member: the same bytes as GET's
+    body = {"jobId": accepted.job_id, "batchId": accepted.batch_id, "state": accepted.state}
+    return json_response(202, body, (("Location", f"/api/imports/{accepted.job_id}"),))

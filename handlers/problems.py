@@ -29,6 +29,7 @@ HTTP_STATUS: dict[str, int] = {
     "request.not_acceptable": 406,
     "request.timeout": 408,
     "batch.conflict": 409,
+    "job.not_retryable": 409,
     "request.length_required": 411,
     "request.too_large": 413,
     "request.unsupported_media_type": 415,

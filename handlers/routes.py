@@ -36,6 +36,8 @@ class Route:
     #: Cheap checks run after authentication and before the body is read
     #: (e.g. the rate limit); each raises to refuse the request.
     before_body: tuple[Callable[[h.Api, Request], None], ...] = ()
+    #: False: a POST without a body (none is read; the handler runs at once).
+    reads_body: bool = True
     pattern: re.Pattern[str] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -128,7 +130,9 @@ ROUTES: tuple[Route, ...] = (
             "A text/event-stream of the job's events: waiting, active, progress (validated, committed), retrying, "
             "completed, failed; each `data:` line is a JobEvent as JSON, each `id:` its stream id. Stored events "
             "come first, so a late client sees the whole history. Send the last id you saw as `Last-Event-ID` to "
-            "resume after it. The stream ends after the final event (completed or failed), after at most "
+            "resume after it. A retried import's history holds its earlier chain's `failed`, then `waiting` with "
+            "`{\"retry\": n}` and the new chain's events: the final event is the last one. "
+            "The stream ends after the final event (completed or failed), after at most "
             "IMPORTER_EVENT_STREAM_MAX_DURATION seconds (reconnect with Last-Event-ID), or when the server shuts "
             "down; a comment line is sent at least every IMPORTER_EVENT_STREAM_HEARTBEAT seconds. Each process "
             "holds at most IMPORTER_MAX_EVENT_STREAMS streams: one more is refused with 503 service.busy. "
@@ -165,6 +169,39 @@ ROUTES: tuple[Route, ...] = (
         "request.stream_unsupported": "This deployment (serverless) cannot hold a stream open: poll instead",
         "service.busy": "This process holds IMPORTER_MAX_EVENT_STREAMS streams already",
     }),
+    Route("POST", "/api/imports/{jobId}/retry", my_imports.retry, {
+        "operationId": "retryImport",
+        "summary": "Retry one of your failed imports",
+        "description": (
+            "Starts a new attempt chain of a failed import under the same job id, from its stored upload (kept "
+            "with the failed record, for IMPORTER_KEEP_FAILED_AGE seconds: 24 h by default): the record is "
+            "`waiting` again with `attempt` 0, its error cleared and `retries` counted, and its events go on "
+            "with `waiting` (data `{\"retry\": n}`). Only a failure a retry can change is retried (its "
+            "attempts ran out, its time limit, the store or a worker lost, a contract version or message the "
+            "workers did not take); a failed CSV validation is not: the same bytes give the same issues. A "
+            "retry never applies a shipment twice: if the batch was applied, the new attempt replays it. No "
+            "body. Counts as a POST for the producer's rate limit."
+        ),
+        "parameters": [{"name": "jobId", "in": "path", "required": True, "schema": {"type": "string"}}],
+        "responses": {
+            "202": {
+                "description": "Accepted: the import is waiting again and its message is queued.",
+                "headers": {"Location": {"description": "URL of the job status.", "schema": {"type": "string"}}},
+                "content": {"application/json": {"schema": "JobAccepted"}},
+            },
+        },
+    }, errors=(*_API_ERRORS, "job.not_found", "job.not_retryable", "request.rate_limited", "contract.no_worker"), error_notes={
+        "job.not_found": "No record, or another producer's: the same answer as GET /api/imports/{jobId}",
+        "job.not_retryable": (
+            "The import is not failed (state), or failed for a reason a retry cannot change (errorCode: a CSV "
+            "validation code, batch.conflict, stock.overflow, import.upload_missing); detail says why and what "
+            "to do. Nothing changed"
+        ),
+        "contract.no_worker": (
+            "Live workers exist and none accepts the contract version this server sends, as for a new import: "
+            "nothing changed; retry once such workers run"
+        ),
+    }, reads_body=False),
     Route("GET", "/api/imports/{jobId}/rejections.csv", rejections.get_rejections, {
         "operationId": "getImportRejections",
         "summary": "Download every rejected row of one of your imports that failed CSV validation",
@@ -292,7 +329,7 @@ class Resolved:
 
     @property
     def takes_body(self) -> bool:
-        return self.route.method == "POST"
+        return self.route.method == "POST" and self.route.reads_body
 
     def check_before_body(self, api: h.Api) -> Response | None:
         """The route's checks that come before its body is read (the rate limit): None, or the refusal."""

@@ -107,6 +107,12 @@ class JobStatusSchema(Schema):
     startedAt = fields.DateTime(allow_none=True)
     finishedAt = fields.DateTime(allow_none=True)
     nextAttemptAt = fields.DateTime(allow_none=True, metadata={"description": "When state is retrying: the earliest next attempt."})
+    retries = fields.Integer(required=True, metadata={
+        "description": "How many times you retried it (POST /api/imports/{jobId}/retry); attempt counts within the latest.",
+    })
+    retryable = fields.Boolean(required=True, metadata={
+        "description": "True when it failed for a reason a retry can change: POST /api/imports/{jobId}/retry is accepted.",
+    })
 
 
 class JobListSchema(Schema):
@@ -130,7 +136,10 @@ class JobEventSchema(Schema):
     batchId = fields.String(required=True)
     attempt = fields.Integer(required=True)
     data = fields.Dict(required=True, metadata={
-        "description": "progress: {phase, rows}; completed: the result; failed and retrying: the error; else {}.",
+        "description": (
+            "progress: {phase, rows}; completed: the result; failed and retrying: the error; waiting: {} or, "
+            "when its owner retried the failed import, {retry: n} (the n-th retry: a new attempt chain); else {}."
+        ),
     })
 
 
@@ -203,3 +212,7 @@ class ProblemSchema(Schema):
     acceptedVersions = fields.List(fields.Integer(), metadata={
         "description": "For contract.no_worker: every contract version the live workers accept.",
     })
+    state = fields.String(validate=validate.OneOf(_JOB_STATES), metadata={
+        "description": "For job.not_retryable: the import's state.",
+    })
+    errorCode = fields.String(metadata={"description": "For job.not_retryable of a failed import: its failure's code."})

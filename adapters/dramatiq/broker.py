@@ -49,8 +49,9 @@ def build_broker(
 
     The transport is configuration only (IMPORTER_BROKER_URL): Redis by
     default (the store's own Redis), or RabbitMQ with publisher confirms, so a
-    POST answers 202 only once RabbitMQ has stored the message. Nothing else in
-    the code base depends on which one it is.
+    POST answers 202 only once RabbitMQ has stored the message, and each
+    publish is confirmed or fails within IMPORTER_REDIS_SOCKET_TIMEOUT
+    (rabbitmq.py). Nothing else in the code base depends on which one it is.
     """
     # dramatiq runs before_* hooks in list order and after_* hooks in reverse.
     # TimeLimit is listed last: it arms the attempt's timer right before the
@@ -74,9 +75,10 @@ def build_broker(
     ]
     url = settings.broker_url
     if url and url.startswith(("amqp://", "amqps://")):
-        from dramatiq.brokers.rabbitmq import RabbitmqBroker
+        from importer.adapters.dramatiq.rabbitmq import BoundedRabbitmqBroker
 
-        return RabbitmqBroker(url=_with_amqp_timeouts(url), confirm_delivery=True, middleware=middleware)
+        # Every publish (connect, blocked connection, confirm) ends within the bound of a Redis call.
+        return BoundedRabbitmqBroker(url=url, bound_s=settings.redis_socket_timeout_s, middleware=middleware)
     keys = Keys(settings.key_prefix)
     # The uploads come with their messages only when the broker's Redis is the
     # store's (one script reads both). Fault injection (tests) keeps the
@@ -215,9 +217,3 @@ class ImporterRedisBroker(RedisBroker):
         if ids:
             h.keep(ids, uploads)
         return messages  # type: ignore[no-any-return]
-
-def _with_amqp_timeouts(url: str) -> str:
-    """Bound every wait on RabbitMQ (a blocked or silent broker must not hang a POST)."""
-    if "?" in url:
-        return url
-    return url + "?socket_timeout=10&blocked_connection_timeout=10&connection_attempts=2&retry_delay=1"

@@ -23,7 +23,7 @@ from importer.domain.errors import PublicError
 from importer.domain.run_import import PermanentImportFailure
 
 from importer.adapters.dramatiq.producer import ImportQueue
-from importer.adapters.dramatiq.runner import ImportRunner, code_for, where
+from importer.adapters.dramatiq.runner import ImportRunner, PendingFailure, code_for, where
 
 log = logging.getLogger("importer.worker")
 
@@ -46,31 +46,46 @@ class AttemptRecorder(Middleware):
         if exception is None or isinstance(exception, PermanentImportFailure) or known is None:
             return
         job_id, attempt, token = known
-        # The record's attempt counter is the truth (redeliveries and the
-        # reconciler's resends count too); when dramatiq has no retry left for
-        # this message, the reconciler sends it after nextAttemptAt + grace.
-        final = attempt >= self.settings.max_attempts
+        # The record decides whether this was the last attempt that counts
+        # (fail.lua 'auto': attempt - outages - stalls); an attempt that lost
+        # its store is an outage: never counted, never final. When dramatiq has
+        # no retry left for this message, the reconciler sends it after
+        # nextAttemptAt + grace.
         code = code_for(exception)
+        outage = code == "import.store_unavailable"
         backoff = min(self.settings.min_backoff_ms * (2 ** max(0, attempt - 1)), self.settings.max_backoff_ms)
-        diagnostic = f"{type(exception).__name__}: {exception}{where(exception)}"
+        failure = PendingFailure(
+            job_id=job_id, attempt=attempt, token=token, code=code, outage=outage,
+            diagnostic=f"{type(exception).__name__}: {exception}{where(exception)}",
+            next_attempt_at_ms=int(time.time() * 1000) + backoff,
+        )
         log_event(
             log, "import.attempt_failed", logging.WARNING, jobId=job_id, attempt=attempt, code=code,
-            final=final, exc_info=(type(exception), exception, exception.__traceback__),
+            outage=outage, exc_info=(type(exception), exception, exception.__traceback__),
         )
         try:
-            outcome = self.runner.store.record_failure(
-                job_id=job_id, attempt=attempt, final=final, error=PublicError.from_code(code),
-                diagnostic=diagnostic, next_attempt_at_ms=None if final else int(time.time() * 1000) + backoff,
-                token=token,
-            )
-            if outcome == "stale":  # a newer attempt holds the job: this failure is history
-                log_event(log, "import.failure_fenced", logging.WARNING, jobId=job_id, attempt=attempt)
+            record_failure(self.runner.store, failure)
         except StoreUnavailable:
-            # The job keeps its deadline: the reconciler sends it again once the lease runs out.
-            log_event(log, "import.record_failure_lost", logging.ERROR, jobId=job_id, attempt=attempt)
+            # Recorded once the store answers again (the Reconciler's loop);
+            # meanwhile its lease is renewed, so it is no stall either.
+            self.runner.keep_pending(failure)
+            log_event(log, "import.record_failure_pending", logging.WARNING, jobId=job_id, attempt=attempt)
 
     def after_skip_message(self, broker: Any, message: Any) -> None:
         self.runner.forget(message.message_id)
+
+def record_failure(store: Any, failure: PendingFailure) -> None:
+    outcome = store.record_failure(
+        job_id=failure.job_id, attempt=failure.attempt, final=False if failure.outage else None,
+        error=PublicError.from_code(failure.code), diagnostic=failure.diagnostic,
+        next_attempt_at_ms=failure.next_attempt_at_ms, token=failure.token, outage=failure.outage,
+    )
+    if outcome == "stale":  # a newer attempt holds the job: this failure is history
+        log_event(log, "import.failure_fenced", logging.WARNING, jobId=failure.job_id, attempt=failure.attempt)
+    else:
+        log_event(log, "import.failure_recorded", logging.INFO, jobId=failure.job_id, attempt=failure.attempt,
+                  state=outcome, outage=failure.outage)
+
 
 class Reconciler(Middleware):
     """Every accepted import ends: the job record is the truth, this enforces it.
@@ -131,6 +146,9 @@ class Reconciler(Middleware):
         while not self._stop.wait(self.tick_s):
             try:
                 self.store.renew(self.runner.in_flight())
+                for failure in self.runner.pending():
+                    record_failure(self.store, failure)
+                    self.runner.drop_pending(failure)
                 if self._draining.is_set():
                     continue
                 if time.monotonic() - last_pass >= self.settings.reconcile_interval_s:

@@ -56,12 +56,14 @@ class ImportQueue:
 
         Any failure of the broker or of its Redis (refused, timed out, out of
         memory, read-only...) is StoreUnavailable: HTTP answers 503 and the
-        reconciler sends the message of the recorded job later.
+        reconciler sends the message of the recorded job later. On RabbitMQ
+        that includes a publish not confirmed within IMPORTER_REDIS_SOCKET_TIMEOUT
+        (a blocked connection, a silent broker: adapters/dramatiq/rabbitmq.py).
         """
         try:
             self.broker.enqueue(self._message(body))
-        except dramatiq.errors.BrokerError as exc:  # RabbitMQ: connection closed, publish not confirmed
-            raise StoreUnavailable(f"broker: {type(exc).__name__}") from exc
+        except dramatiq.errors.BrokerError as exc:  # RabbitMQ: refused, closed, not confirmed within the bound
+            raise StoreUnavailable(f"broker: {type(exc).__name__}: {exc}", "broker_unreachable") from exc
         except redis.RedisError as exc:
             translated = unavailable(exc)
             if translated is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import traceback
+from dataclasses import dataclass
 from typing import Any
 
 import dramatiq
@@ -31,6 +32,19 @@ def where(exc: BaseException) -> str:
     return f" at {os.path.basename(last.filename)}:{last.lineno} in {last.name}"
 
 
+@dataclass(frozen=True)
+class PendingFailure:
+    """A failed attempt to record in the job (fail.lua); kept while the store is away."""
+
+    job_id: str
+    attempt: int
+    token: str
+    code: str
+    outage: bool
+    diagnostic: str
+    next_attempt_at_ms: int
+
+
 class ImportRunner:
     """Runs :func:`importer.domain.run_import.run_import` for the actor and
     remembers which attempt each dramatiq message started (with its fencing
@@ -41,6 +55,8 @@ class ImportRunner:
         self.settings = settings
         # dramatiq message id -> (jobId, attempt, token)
         self._attempts: dict[str, tuple[str, int, str]] = {}
+        # Failures not recorded yet (the store was away), by (jobId, token).
+        self._pending: dict[tuple[str, str], PendingFailure] = {}
 
     def attempt_of(self, message_id: str) -> tuple[str, int, str] | None:
         return self._attempts.get(message_id)
@@ -49,8 +65,19 @@ class ImportRunner:
         self._attempts.pop(message_id, None)
 
     def in_flight(self) -> list[tuple[str, str]]:
-        """(jobId, token) of every attempt running in this process."""
-        return [(job_id, token) for job_id, _, token in list(self._attempts.values())]
+        """(jobId, token) of every attempt running in this process, or whose
+        failure waits to be recorded (their leases are renewed)."""
+        running = [(job_id, token) for job_id, _, token in list(self._attempts.values())]
+        return running + list(self._pending)
+
+    def keep_pending(self, failure: PendingFailure) -> None:
+        self._pending[(failure.job_id, failure.token)] = failure
+
+    def pending(self) -> list[PendingFailure]:
+        return list(self._pending.values())
+
+    def drop_pending(self, failure: PendingFailure) -> None:
+        self._pending.pop((failure.job_id, failure.token), None)
 
     def run(self, body: Any, message_id: str = "", handed_over: tuple[bytes, QueueAck] | None = None) -> str:
         """``handed_over``: the upload that came with the message and the ack

@@ -11,7 +11,7 @@ from importer.adapters.processes import client, commands, operator
 from importer.adapters.processes.granian import DEFAULT_THREADS, default_workers
 from importer.adapters.settings import SettingsError
 
-DESCRIPTION = "Applies CSV shipments to stock exactly once: serve, worker, dev, events, submit, status, doctor, inspect, keys, openapi."
+DESCRIPTION = "Applies CSV shipments to stock exactly once: serve, worker, dev, events, submit, status, retry, doctor, inspect, keys, openapi."
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,6 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", default=None, help=url_help)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=client.cmd_status)
+
+    p = sub.add_parser("retry", help="retry one of your failed imports over the HTTP API (a new attempt chain)")
+    p.add_argument("job_id")
+    p.add_argument("--url", default=None, help=url_help)
+    p.add_argument("--wait", action="store_true", help="follow the retried import until it completes or fails")
+    p.add_argument("--timeout", type=float, default=600, help="seconds --wait waits at most")
+    p.set_defaults(func=client.cmd_retry)
     return parser
 
 

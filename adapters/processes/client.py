@@ -1,5 +1,6 @@
-"""``importer submit`` and ``importer status``: the service's HTTP API for people
-(a producer's key from IMPORTER_API_KEY; no Redis, no service settings)."""
+"""``importer submit``, ``importer status`` and ``importer retry``: the service's
+HTTP API for people (a producer's key from IMPORTER_API_KEY; no Redis, no
+service settings)."""
 
 from __future__ import annotations
 
@@ -197,12 +198,16 @@ def _show_final(record: dict[str, Any], url: str = "") -> int:
     print(f"failed {record['id']}: {error.get('code')}: {error.get('message')}")
     _print_issues(error)
     _print_rejections(error, url)
+    if record.get("retryable"):
+        print(f"  retry it: importer retry {record['id']} --wait")
     return 1
 
 
-def follow(url: str, key: str, job_id: str, *, timeout: float, interval: float = 0.2) -> int:
+def follow(url: str, key: str, job_id: str, *, timeout: float, interval: float = 0.2, retry: int = 0) -> int:
     """Follow the job until it finishes: its live event stream, else polling;
-    one line per change, or a live line on a TTY."""
+    one line per change, or a live line on a TTY. ``retry``: follow its n-th
+    retry, skipping the events of the chains before it (the stream replays
+    the job's whole history)."""
     from importer.adapters.processes.event_stream_client import apply_event, follow_stream
 
     live = sys.stdout.isatty()
@@ -223,8 +228,15 @@ def follow(url: str, key: str, job_id: str, *, timeout: float, interval: float =
         last = line
         return elapsed
 
+    skipping = retry > 0
+
     def show(event: dict[str, Any]) -> None:
-        nonlocal view
+        nonlocal view, skipping
+        if skipping:
+            data = event.get("data")
+            if event.get("event") != "waiting" or not isinstance(data, dict) or data.get("retry") != retry:
+                return
+            skipping = False
         view = apply_event(view, event)
         report(view)
 
@@ -271,6 +283,27 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return follow(url, key, body["jobId"], timeout=args.timeout)
 
 
+def cmd_retry(args: argparse.Namespace) -> int:
+    """POST /api/imports/{jobId}/retry: a failed import's new attempt chain (exit 1 on 404/409)."""
+    url, key = _target(args)
+    path = f"{url}/api/imports/{urllib.parse.quote(args.job_id)}/retry"
+    try:
+        status, body = http_json("POST", path, key)
+    except (OSError, ValueError, http.client.HTTPException) as err:
+        print(f"importer: cannot reach {url}: {err}", file=sys.stderr)
+        return 2
+    if status != 202:
+        print(f"refused: {_describe_problem(status, body)}", file=sys.stderr)
+        return 1
+    print(f"retrying {body['jobId']} (batch {body['batchId']}, {body['state']})", flush=True)
+    if not args.wait:
+        return 0
+    # The retry's number, so that the wait shows this chain only (0: every event).
+    status, record = http_json("GET", f"{url}/api/imports/{urllib.parse.quote(body['jobId'])}", key)
+    retry = int(record.get("retries") or 0) if status == 200 and isinstance(record, dict) else 0
+    return follow(url, key, body["jobId"], timeout=args.timeout, retry=retry)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     url, key = _target(args)
     status, record = http_json("GET", f"{url}/api/imports/{urllib.parse.quote(args.job_id)}", key)
@@ -281,7 +314,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(record, indent=2))
         return 0
     progress = record.get("progress") or {}
-    print(f"{record['id']}: {record['state']} (attempt {record['attempt']}, phase {progress.get('phase', '-')}, rows {progress.get('rows', '-')})")
+    retried = f", retry {record['retries']}" if record.get("retries") else ""
+    print(f"{record['id']}: {record['state']} (attempt {record['attempt']}{retried}, phase {progress.get('phase', '-')}, rows {progress.get('rows', '-')})")
     if record["state"] in FINISHED_STATES:
         _show_final(record, url)
     return 0

@@ -220,7 +220,55 @@ def _stop(procs: dict[str, subprocess.Popen[bytes]], timeout: float) -> bool:
     return clean
 
 
+def _server_pid(url: str) -> int | None:
+    """The embedded server's process id, as it reports it (INFO server)."""
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+        try:
+            return int(client.info("server")["process_id"])
+        finally:
+            client.close()
+    except (redis.RedisError, KeyError, ValueError):
+        return None
+
+
+class _Rearguard:
+    """The process that stops what ``importer dev`` started when dev dies
+    without stopping them, SIGKILL included (adapters/processes/signals.py
+    ``rearguard``): told of each process here, through a pipe only dev holds."""
+
+    def __init__(self) -> None:
+        from importer.adapters.processes.signals import REARGUARD
+
+        # Its own session, like the others: a Ctrl-C is dev's to handle.
+        self.proc = subprocess.Popen([sys.executable, "-c", REARGUARD], stdin=subprocess.PIPE, start_new_session=True)
+
+    def tell(self, line: str) -> None:
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(line.encode() + b"\n")
+            self.proc.stdin.flush()
+        except OSError:  # it is gone: dev still stops its processes itself
+            pass
+
+    def close(self) -> None:
+        """After dev stopped everything: the end of the pipe, and it ends at once."""
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
 def cmd_dev(args: argparse.Namespace) -> int:
+    from importer.adapters.processes.signals import signal_on_parent_death
     from importer.adapters.redis.embedded import EmbeddedRedis
     from importer.handlers.auth import hash_key, new_key
 
@@ -239,10 +287,20 @@ def cmd_dev(args: argparse.Namespace) -> int:
     procs: dict[str, subprocess.Popen[bytes]] = {}
     stop_timeout = 0.0
     rc = 0
+    rearguard: _Rearguard | None = None
     try:
+        # If this process dies without stopping them (SIGKILL, the OOM
+        # killer), nothing it started runs on: on Linux the kernel sends each
+        # child SIGTERM at once (signal_on_parent_death, armed before exec),
+        # and the rearguard stops the embedded server once they have stopped
+        # (and, elsewhere, the children too).
+        rearguard = _Rearguard()
         if not dev.redis_url:
             embedded = EmbeddedRedis(Path(dev.data_dir).resolve())
             overrides["IMPORTER_REDIS_URL"] = _start_embedded(embedded)
+            server_pid = _server_pid(embedded.url)
+            if server_pid is not None:
+                rearguard.tell(f"last {server_pid} valkey")
             print(f"dev: embedded Redis-compatible server (valkey) at {embedded.url}, data in {embedded.data_dir}", flush=True)
         key = dev.api_key
         if not dev.api_keys_given:
@@ -252,6 +310,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
         overrides["IMPORTER_METRICS_TOKEN"] = metrics_token
         env = child_env(overrides)
         stop_timeout = _stop_timeout(env)
+        rearguard.tell(f"timeout {stop_timeout}")
         url = f"http://127.0.0.1:{args.port}"
         me = [sys.executable, "-m", "importer.adapters.processes.cli"]
         # Own sessions: Ctrl-C reaches only this process (the terminal sends it
@@ -263,9 +322,11 @@ def cmd_dev(args: argparse.Namespace) -> int:
             "worker": ["worker", "--processes", "1", "--threads", "8"],
             "http": ["serve", "--bind", f"127.0.0.1:{args.port}", "--workers", "1"],
         }
+        preexec = signal_on_parent_death(signal.SIGTERM)
         for name, command in commands.items():
             if not stopping["flag"]:
-                procs[name] = subprocess.Popen(me + command, env=env, start_new_session=True)
+                procs[name] = subprocess.Popen(me + command, env=env, start_new_session=True, preexec_fn=preexec)
+                rearguard.tell(f"stop {procs[name].pid} {name} {int(preexec is not None)}")
         healthy = not stopping["flag"] and _wait_healthy(url, list(procs.values()), stopping=lambda: stopping["flag"])
         if stopping["flag"]:
             pass  # Ctrl-C while starting: stop what has started
@@ -301,5 +362,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
                 rc = rc or 1
         if embedded is not None:
             embedded.stop()
+        if rearguard is not None:
+            rearguard.close()
         print("dev: stopped", flush=True)
     return rc

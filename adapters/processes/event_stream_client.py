@@ -34,7 +34,7 @@ def apply_event(view: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:
     kind, data = event.get("event"), event.get("data") or {}
     if kind in _STATES:
         out["state"] = kind
-    if kind == "active":
+    if kind in ("active", "waiting"):  # a new attempt, or a retry's new chain
         out["progress"] = None
     elif kind == "progress":
         out["progress"] = data
@@ -65,6 +65,9 @@ def follow_stream(
 
     "finished": the final event arrived (read the record for the result);
     "unavailable": no stream here, poll instead; "timeout": the deadline passed.
+    The final event is the last one of the stream the server ends after it:
+    a retried import's history holds an earlier chain's ``failed`` with the
+    retry's events after it, in the same stream.
     """
     last_id = ""
     failures = 0
@@ -78,15 +81,17 @@ def follow_stream(
             with urllib.request.urlopen(request, timeout=read_timeout) as response:
                 if not response.headers.get("Content-Type", "").startswith("text/event-stream"):
                     return "unavailable"
+                finished = False
                 for event in _messages(response):
                     if event.get("id"):
                         last_id = event["id"]
                     on_event(event)
                     failures = 0
-                    if event.get("event") in FINISHED_STATES:
-                        return "finished"
+                    finished = event.get("event") in FINISHED_STATES
                     if clock() >= deadline:
-                        return "timeout"
+                        return "finished" if finished else "timeout"
+                if finished:
+                    return "finished"
         except urllib.error.HTTPError as err:
             err.close()
             return "unavailable"  # 404 from an older server, 501 serverless, 503 busy: the caller polls

@@ -32,6 +32,8 @@ def format_line(event: dict[str, Any]) -> str:
         return f"{kind} {job} {code} attempt={attempt}"
     if kind == "active":
         return f"{kind} {job} attempt={attempt}"
+    if kind == "waiting" and isinstance(data, dict) and data.get("retry"):
+        return f"{kind} {job} retry={data['retry']}"  # its owner retried it: a new attempt chain
     return f"{kind} {job}"
 
 

@@ -38,7 +38,7 @@ class AttemptSteps(RedisStoreBase):
         args += [
             upload_id, s.max_attempts, error_json("import.attempts_exhausted"),
             int(s.attempt_lease_s * 1000), int((s.time_limit_s + s.stall_margin_s) * 1000),
-            error_json("import.upload_missing"), error_json("import.worker_lost"),
+            error_json("import.upload_missing"),
         ]
         return keys, args
 
@@ -144,21 +144,24 @@ class AttemptSteps(RedisStoreBase):
         return outcome, (self._apply_result(applied_reply) if outcome.kind == "started" else None)
 
     def record_failure(
-        self, *, job_id: str, attempt: int | None, final: bool, error: PublicError, diagnostic: str,
-        next_attempt_at_ms: int | None, token: str = "",
+        self, *, job_id: str, attempt: int | None, final: bool | None, error: PublicError, diagnostic: str,
+        next_attempt_at_ms: int | None, token: str = "", outage: bool = False,
     ) -> str:
         """Record a failed attempt ('retrying' or 'failed'). Takes effect only
         while the job is active under ``token`` ('' = no attempt started: only
-        while the job is not active); returns 'stale' otherwise."""
+        while the job is not active); returns 'stale' otherwise. ``final``
+        None: final when the attempts counted reach the maximum; ``outage``:
+        the store was away, so the attempt is not counted and never final."""
         keys, args = self._job_step(job_id)
         with store_errors():
             reply = self._script("fail",
                 keys=[*keys, self.keys.deadline, self.keys.rejections(job_id)],
                 args=[
-                    *args, "" if attempt is None else attempt, "1" if final else "0",
+                    *args, "" if attempt is None else attempt, "auto" if final is None else ("1" if final else "0"),
                     json.dumps(error.to_dict(), separators=(",", ":")), diagnostic[:4000],
                     next_attempt_at_ms if next_attempt_at_ms is not None else "",
                     token, int(self.settings.waiting_grace_s * 1000), report_json(error),
+                    "1" if outage else "0", self.settings.max_attempts,
                 ],
             )
         return text_of(reply[0])

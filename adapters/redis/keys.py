@@ -30,6 +30,8 @@ class Keys:
         self.deadline = f"{prefix}jobs:deadline"
         self.fence = f"{prefix}fence"
         self.reconciler_lock = f"{prefix}reconciler:lock"
+        #: The server time of the last reconciler pass (reconcile.lua, "Blame").
+        self.reconciler_pass = f"{prefix}reconciler:pass"
         #: [door] live workers: P:workers (id -> expiry ms), P:workers:accepts (id -> "1,2").
         self.workers = f"{prefix}workers"
         self.workers_accepts = f"{prefix}workers:accepts"

@@ -8,11 +8,13 @@ from importer.adapters.redis.base import RedisStoreBase
 from importer.adapters.redis.client import store_errors
 from importer.adapters.redis.records import bytes_of, parse_versions, text_of
 from importer.domain.jobs import JobState
-from importer.domain.ports import EnqueueOutcome
+from importer.domain.ports import EnqueueOutcome, RetryOutcome
+from importer.domain.shipment import batch_id_of
 
 
 class JobRecorder(RedisStoreBase):
-    """Implements :class:`importer.domain.ports.JobRecorder` (enqueue.lua, one round trip per POST)."""
+    """Implements :class:`importer.domain.ports.JobRecorder` (enqueue.lua, one round trip per POST)
+    and :class:`importer.domain.ports.RetryStore` (retry.lua)."""
 
 
     def enqueue(
@@ -52,6 +54,40 @@ class JobRecorder(RedisStoreBase):
         if kind == "content_needed":
             return EnqueueOutcome("content_needed", stored_upload_id=text_of(reply[1]))
         return EnqueueOutcome("conflict")
+
+    def retry_job(self, *, job_id: str, owner: str, upload_id: str, retryable: frozenset[str]) -> RetryOutcome:
+        """Retry the owner's failed job in one script call (retry.lua); on the
+        Redis transport its message is written in the same call."""
+        batch_id = batch_id_of(job_id)
+        if batch_id is None:
+            return RetryOutcome("missing")  # no batch has this job id: no record can have it
+        k, s = self.keys, self.settings
+        keys = [
+            k.job(job_id), k.upload(upload_id), k.failed, k.failed_of(owner), k.waiting, k.unsent, k.events, k.deadline,
+            k.workers, k.workers_accepts, k.workers_accepting(s.producer_version),
+        ]
+        args: list[Any] = [
+            job_id, owner, batch_id, upload_id, k.upload(""), s.events_maxlen, ",".join(sorted(retryable)),
+            self._now(), int(s.waiting_grace_s * 1000), s.producer_version,
+        ]
+        if self.messages is not None:
+            message = self.messages(job_id, batch_id, upload_id)
+            keys += [message.queue_key, message.messages_key]
+            args += [message.redis_message_id, message.data]
+        with store_errors():
+            reply = self._script("retry", keys=keys, args=args)
+        kind = text_of(reply[0])
+        if kind == "retried":
+            return RetryOutcome("retried", batch_id=batch_id, sent=bool(int(reply[1])), retries=int(reply[2]))
+        if kind == "no_worker":
+            return RetryOutcome(
+                "no_worker", producer_version=s.producer_version, workers_accept=parse_versions(text_of(reply[1])),
+            )
+        if kind == "not_retryable":
+            return RetryOutcome(
+                "not_retryable", reason=text_of(reply[1]), state=text_of(reply[2]), error_code=text_of(reply[3]),
+            )
+        return RetryOutcome("missing")
 
     def read_upload(self, upload_id: str) -> bytes | None:
         """A stored upload (None once retention removed it with its job)."""

@@ -107,6 +107,7 @@ def job_record(raw: dict[Any, Any]) -> JobRecord:
         next_attempt_at_ms=int_or_none(f.get("nextAttemptAt")) if state is JobState.RETRYING else None,
         content_sha256=text_of(f.get("contentSha256")),
         upload_id=text_of(f.get("uploadId")),
+        retries=int(f.get("retries") or 0),
     )
 
 

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 
 from importer.adapters.redis.base import RedisStoreBase
+from importer.adapters.settings import Settings
 from importer.adapters.redis.client import store_errors
 from importer.adapters.redis.records import QueueStats, error_json, format_versions, parse_versions, text_of
+
+
+def outage_gap_ms(settings: Settings) -> int:
+    """A reconciler pass this long after the previous one means the store was
+    away (or no worker ran): expired leases then blame nobody (reconcile.lua)."""
+    return int((2 * settings.reconcile_interval_s + 2) * 1000)
 
 
 class StoreUpkeep(RedisStoreBase):
@@ -19,12 +26,13 @@ class StoreUpkeep(RedisStoreBase):
         k, s = self.keys, self.settings
         with store_errors():
             reply = self._script("reconcile",
-                keys=[k.unsent, k.deadline, k.active, k.failed, k.events, k.stats],
+                keys=[k.unsent, k.deadline, k.active, k.failed, k.events, k.stats, k.reconciler_pass],
                 args=[
                     int(s.waiting_grace_s * 1000), limit, s.max_attempts, s.events_maxlen,
                     k.job(""), k.upload(""), k.owner_jobs(""), k.failed_of(""),
                     s.keep_failed_age_s * 1000, s.keep_failed_count,
                     error_json("import.attempts_exhausted"), error_json("import.worker_lost"),
+                    outage_gap_ms(s), int(s.attempt_lease_s * 1000), s.max_stalls, error_json("import.stalled"),
                 ],
             )
         flat = [text_of(v) for v in reply]

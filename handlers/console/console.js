@@ -64,7 +64,9 @@
       case 404: return code === "rejections.not_found"
         ? "This import has no rejection report (rejections.not_found): only an import that failed CSV validation has one."
         : "That import was not found (job.not_found): it is not yours, or retention removed its record.";
-      case 409: return "This batchId is already used for other content, or by another producer (batch.conflict). Choose a new batchId.";
+      case 409: return code === "job.not_retryable"
+        ? "This import cannot be retried (job.not_retryable). " + (body && body.detail ? body.detail : "")
+        : "This batchId is already used for other content, or by another producer (batch.conflict). Choose a new batchId.";
       case 413: return "The file is larger than the server accepts (request.too_large). Split it into smaller files, each with its own batchId.";
       case 415: return "The server did not accept the file type (request.unsupported_media_type).";
       case 422: {
@@ -142,7 +144,12 @@
     const r = Object.assign({}, record);
     r.attempt = ev.attempt;
     switch (ev.event) {
-      case "waiting": r.state = "waiting"; break;
+      case "waiting":
+        r.state = "waiting";
+        if (ev.data && ev.data.retry) {  // its owner retried it: a new attempt chain
+          r.retries = ev.data.retry; r.retryable = false; r.progress = null; r.result = null; r.error = null;
+        }
+        break;
       case "active": r.state = "active"; r.progress = null; r.error = null; break;
       case "progress": r.state = r.state === "waiting" ? "active" : r.state; r.progress = ev.data; break;
       case "retrying": r.state = "retrying"; r.error = ev.data; break;
@@ -189,7 +196,10 @@
     const badge = $("job-state");
     badge.textContent = record.state;
     badge.className = "badge " + record.state;
-    $("job-attempt").textContent = record.attempt ? "(attempt " + record.attempt + ")" : "";
+    const retried = record.retries ? "retry " + record.retries : "";
+    $("job-attempt").textContent = record.attempt
+      ? "(attempt " + record.attempt + (retried ? ", " + retried : "") + ")"
+      : (retried ? "(" + retried + ")" : "");
     renderSteps(record);
     const result = $("job-result");
     if (record.state === "completed" && record.result) {
@@ -198,6 +208,10 @@
     } else {
       result.hidden = true;
     }
+    const retry = $("job-retry");
+    $("job-retry-row").hidden = !(record.state === "failed" && record.retryable);
+    retry.setAttribute("aria-label", "Retry " + record.batchId);
+    retry.dataset.jobId = record.id;
     const error = record.error;
     const box = $("job-error");
     if (error && (record.state === "failed" || record.state === "retrying")) {
@@ -265,10 +279,36 @@
     announce("Rejection report of " + jobId + " downloaded.");
   }
 
+  // The Retry button of the import shown: POST its retry, then follow its new chain.
+  async function retryJob() {
+    const button = $("job-retry");
+    const jobId = button.dataset.jobId;
+    if (!jobId) return;
+    clearError();
+    button.disabled = true;
+    try {
+      const answer = await api("POST", "/api/imports/" + encodeURIComponent(jobId) + "/retry");
+      if (answer.status !== 202) {
+        showError(describe(answer.status, answer.body, answer.headers));
+        // Its record changed since it was shown (retried elsewhere, or finished): show it as it is now.
+        if (answer.status === 409) follow(jobId);
+        return;
+      }
+      announce("Retry accepted: " + answer.body.jobId + " is " + answer.body.state + " again.");
+      follow(answer.body.jobId);
+      loadList();
+    } catch (err) {
+      showError("The server could not be reached. Check your connection and try again.");
+    } finally {
+      button.disabled = false;
+    }
+  }
+
   function logEvent(ev) {
     const li = document.createElement("li");
     const detail = ev.event === "progress" ? " " + ev.data.phase + " (" + ev.data.rows + " rows)"
-      : (ev.event === "failed" || ev.event === "retrying") ? " " + (ev.data.code || "") : "";
+      : (ev.event === "failed" || ev.event === "retrying") ? " " + (ev.data.code || "")
+      : (ev.event === "waiting" && ev.data && ev.data.retry) ? " (retry " + ev.data.retry + ")" : "";
     li.textContent = ev.event + detail + (ev.attempt ? " attempt " + ev.attempt : "");
     $("job-events").appendChild(li);
   }
@@ -312,8 +352,18 @@
     let lastId = "";
     // Open the stream even for a job that has already finished: it replays the
     // stored events (the log shows how the job got there) and ends after the last.
+    // A final event is the end only when it is the last one: a retried import's
+    // history holds its earlier failure, then the retry's events.
     let finished = false;
-    while (following === mine && !finished) {
+    while (following === mine) {
+      if (finished) {
+        // The record is the truth: read it once more for the final view.
+        const last = await api("GET", "/api/imports/" + encodeURIComponent(jobId), { signal: mine.abort.signal }).catch(() => null);
+        if (following !== mine) return;
+        if (last && last.status === 200) { mine.record = last.body; renderJob(mine.record); }
+        if (FINAL.has(mine.record.state)) break;
+        finished = false;  // retried meanwhile: follow its new chain
+      }
       let response;
       try {
         const headers = lastId ? { "Last-Event-ID": lastId } : {};
@@ -331,7 +381,7 @@
             mine.record = applyEvent(mine.record, ev);
             renderJob(mine.record);
             logEvent(ev);
-            if (FINAL.has(ev.event)) finished = true;
+            finished = FINAL.has(ev.event);
           }, lastId);
         } catch (err) {
           if (following !== mine) return;
@@ -358,13 +408,12 @@
       if (!finished) await new Promise((resolve) => setTimeout(resolve, 1000));
     }
     if (following !== mine) return;
-    // The record is the truth: read it once more for the final view.
-    const last = await api("GET", "/api/imports/" + encodeURIComponent(jobId), { signal: mine.abort.signal }).catch(() => null);
-    if (following !== mine) return;
-    if (last && last.status === 200) { mine.record = last.body; renderJob(mine.record); }
     $("job-live").textContent = "";
     announce("Import " + jobId + " " + mine.record.state + ".");
-    if (mine.record.state === "failed") showError("Import " + jobId + " failed: " + mine.record.error.code + ". " + mine.record.error.message);
+    if (mine.record.state === "failed") {
+      showError("Import " + jobId + " failed: " + mine.record.error.code + ". " + mine.record.error.message
+        + (mine.record.retryable ? " It can be retried: use its Retry button." : ""));
+    }
     loadList();
   }
 
@@ -454,6 +503,7 @@
     });
     $("send-form").addEventListener("submit", send);
     $("rejections-link").addEventListener("click", downloadRejections);
+    $("job-retry").addEventListener("click", retryJob);
     $("state-filter").addEventListener("change", () => loadList());
     $("list-refresh").addEventListener("click", () => loadList());
     $("list-more").addEventListener("click", () => loadList(true));

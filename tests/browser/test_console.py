@@ -232,3 +232,70 @@ def test_phone_width_and_contrast(console_system: System, new_page: Any, shots: 
         }"""
     )
     assert worst and worst[0][0] >= 4.5, worst
+
+
+def test_a_failed_import_is_retried_with_its_button_and_followed_live(
+    redis_url: str, tmp_path: Path, new_page: Any, shots: Screenshots,
+) -> None:
+    """Its own installation: two imports fail for a reason a retry can change
+    (a worker that accepts only contract version 2 took their version 1
+    messages); once a right worker runs, the owner retries one with its
+    button and watches it complete; the other was retried elsewhere meanwhile
+    (the button then gets a clear 409 sentence); a failed validation has no
+    button."""
+    from tests.integration.test_retry import fail_for_a_contract_version
+
+    system = System(redis_url, tmp_path, env_overrides={"IMPORTER_EVENT_STREAM_HEARTBEAT": "2"})
+    try:
+        system.start_http()
+        batch, raced = unique("retry"), unique("raced")
+        job_id, raced_id = fail_for_a_contract_version(system, batch, raced)
+        system.start_worker()
+        page = new_page()
+        open_console(page, system, system.api_key)
+        page.evaluate("window.__sameDocument = true")
+        row = page.locator(f"#list-table tbody tr[data-job-id='{job_id}']")
+        row.get_by_role("button", name=f"Open {batch}").click()
+        expect(page.locator("#job-state")).to_have_text("failed")
+        expect(page.locator("#job-error-code")).to_have_text("contract.unsupported_version")
+        button = page.get_by_role("button", name=f"Retry {batch}")
+        expect(button).to_be_visible()
+        shots.take(page, "failed-retryable")
+
+        button.click()
+        expect(page.locator("#job-state")).to_have_text("completed", timeout=60_000)
+        shots.take(page, "retried-completed")
+        expect(page.locator("#job-attempt")).to_have_text("(attempt 1, retry 1)")
+        expect(page.locator("#job-result")).to_have_text("Imported 3 rows.")
+        expect(button).to_be_hidden()
+        expect(page.locator("#announce")).to_have_text(f"Import {job_id} completed.")
+        events = page.locator("#job-events li").all_text_contents()
+        assert events == [
+            "waiting", "failed contract.unsupported_version attempt 1", "waiting (retry 1)", *MILESTONES[1:],
+        ], events
+        assert page.evaluate("window.__sameDocument") is True  # no reload
+        assert system.store().stock_of(["WIDGET-RED-01", "GADGET-BLU-02", "SPROCKET-07"]) == {
+            "WIDGET-RED-01": 10, "GADGET-BLU-02": 25, "SPROCKET-07": 5,
+        }
+
+        # The other one is retried from elsewhere (curl, the CLI) while the page still shows it failed.
+        page.locator(f"#list-table tbody tr[data-job-id='{raced_id}']").get_by_role("button", name=f"Open {raced}").click()
+        raced_button = page.get_by_role("button", name=f"Retry {raced}")
+        expect(raced_button).to_be_visible()
+        expect(page.locator("#announce")).to_have_text(f"Import {raced_id} failed.")  # no longer followed
+        assert system.request("POST", f"/api/imports/{raced_id}/retry")[0] == 202
+        raced_button.click()
+        expect(page.locator("#alert")).to_contain_text("This import cannot be retried (job.not_retryable). Only a failed import")
+        expect(page.locator("#job-state")).to_have_text("completed", timeout=60_000)  # shown as it is now
+        shots.take(page, "raced-409")
+        assert system.get_job(raced_id)[1]["retries"] == 1
+
+        # A failed validation: no button (the same bytes would give the same issues).
+        bad = unique("bad-retry")
+        page.set_input_files("#file-input", str(copy_fixture(tmp_path, "invalid-bad-quantity.csv", bad + ".csv")))
+        page.click("#send-button")
+        expect(page.locator("#job-state")).to_have_text("failed", timeout=60_000)
+        expect(page.get_by_role("button", name=f"Retry {bad}")).to_be_hidden()
+        expect(page.locator("#alert")).not_to_contain_text("Retry button")
+    finally:
+        system.stop_all()

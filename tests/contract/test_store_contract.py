@@ -105,3 +105,73 @@ def test_health_answers_and_no_worker_is_live(store: JobStore) -> None:
     assert store.ping() is True
     assert store.live_workers() == {}
     assert store.take_rate_token("owner-a") == 0
+
+
+# -- RetryStore -----------------------------------------------------------------------
+
+RETRYABLE = frozenset({"import.attempts_exhausted", "import.time_limit"})
+
+
+def fail(store: JobStore, job_id: str, code: str) -> None:
+    """Fail the job as a worker would (its attempt started, then a final failure)."""
+    from dataclasses import replace
+
+    from importer.domain.errors import PublicError
+
+    error = PublicError.from_code(code)
+    if isinstance(store, FakeStore):
+        store.jobs[job_id] = replace(store.jobs[job_id], state=JobState.FAILED, attempt=1, error=error.to_dict())
+        return
+    record = store.get_owned_job(job_id, "owner-a")
+    assert record is not None
+    started = store.start_attempt(job_id, record.upload_id)  # type: ignore[attr-defined]
+    assert started.started is not None
+    assert store.record_failure(  # type: ignore[attr-defined]
+        job_id=job_id, attempt=started.attempt, final=True, error=error, diagnostic="test", next_attempt_at_ms=None,
+        token=started.started.token,
+    ) == "failed"
+
+
+def test_a_failed_job_is_retried_once_as_a_new_chain_with_its_upload(store: JobStore) -> None:
+    enqueue(store, "r1")
+    old_upload = store.get_owned_job("shipment-r1", "owner-a").upload_id  # type: ignore[union-attr]
+    fail(store, "shipment-r1", "import.attempts_exhausted")
+    assert [r.id for r in store.list_jobs("owner-a", limit=10, state="failed")[0]] == ["shipment-r1"]
+
+    new_upload = "n" * 32
+    outcome = store.retry_job(job_id="shipment-r1", owner="owner-a", upload_id=new_upload, retryable=RETRYABLE)
+
+    assert (outcome.kind, outcome.batch_id, outcome.retries, outcome.sent) == ("retried", "r1", 1, False)
+    record = store.get_owned_job("shipment-r1", "owner-a")
+    assert record is not None
+    assert (record.state, record.attempt, record.error, record.retries, record.upload_id) == ("waiting", 0, None, 1, new_upload)
+    assert (record.started_at_ms, record.finished_at_ms) == (None, None)
+    assert store.read_upload(new_upload) == CSV and store.read_upload(old_upload) is None
+    assert store.list_jobs("owner-a", limit=10, state="failed")[0] == []
+    last = store.job_events("shipment-r1", "0-0", None)[-1]
+    assert (last["event"], last["attempt"], last["data"]) == ("waiting", 0, {"retry": 1})
+    again = store.retry_job(job_id="shipment-r1", owner="owner-a", upload_id="m" * 32, retryable=RETRYABLE)
+    assert (again.kind, again.reason, again.state) == ("not_retryable", "state", "waiting")
+
+
+def test_a_retry_of_another_owners_or_a_missing_job_is_missing(store: JobStore) -> None:
+    enqueue(store, "r2")
+    fail(store, "shipment-r2", "import.time_limit")
+    for owner, job_id in (("owner-b", "shipment-r2"), ("owner-a", "shipment-none"), ("owner-a", "no job")):
+        assert store.retry_job(job_id=job_id, owner=owner, upload_id="n" * 32, retryable=RETRYABLE).kind == "missing"
+    record = store.get_owned_job("shipment-r2", "owner-a")
+    assert record is not None and record.state == "failed"
+
+
+def test_a_failure_outside_the_list_is_not_retried_and_keeps_its_upload(store: JobStore) -> None:
+    enqueue(store, "r3")
+    fail(store, "shipment-r3", "csv.bad_quantity")
+    outcome = store.retry_job(job_id="shipment-r3", owner="owner-a", upload_id="n" * 32, retryable=RETRYABLE)
+    assert (outcome.kind, outcome.reason, outcome.state, outcome.error_code) == ("not_retryable", "code", "failed", "csv.bad_quantity")
+    record = store.get_owned_job("shipment-r3", "owner-a")
+    assert record is not None and record.state == "failed" and store.read_upload(record.upload_id) == CSV
+    waiting = store.retry_job(job_id="shipment-b-none", owner="owner-a", upload_id="n" * 32, retryable=RETRYABLE)
+    assert waiting.kind == "missing"
+    enqueue(store, "r4")
+    not_failed = store.retry_job(job_id="shipment-r4", owner="owner-a", upload_id="n" * 32, retryable=RETRYABLE)
+    assert (not_failed.kind, not_failed.reason, not_failed.state) == ("not_retryable", "state", "waiting")

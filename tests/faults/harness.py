@@ -287,6 +287,33 @@ def broker_leftovers(client: redis.Redis, prefix: str, queue: str) -> dict[str, 
     return out
 
 
+def rabbitmq_leftovers(url: str, queue: str) -> dict[str, int]:
+    """Messages RabbitMQ holds ready in the queue and its delay queue (dead letters excepted)."""
+    import pika
+
+    connection = pika.BlockingConnection(pika.URLParameters(url + "?socket_timeout=5&stack_timeout=10&blocked_connection_timeout=10"))
+    out = {}
+    try:
+        for name, suffix in (("queue", ""), ("delayed", ".DQ")):
+            channel = connection.channel()
+            try:
+                out[name] = int(channel.queue_declare(queue + suffix, passive=True).method.message_count)
+            except pika.exceptions.ChannelClosedByBroker:
+                out[name] = 0  # never declared: nothing was ever sent there
+    finally:
+        if connection.is_open:
+            connection.close()
+    return out
+
+
+def wait_rabbitmq_drained(url: str, queue: str, bound: float) -> None:
+    """After check_invariants on the RabbitMQ transport: no message left ready in RabbitMQ."""
+    try:
+        wait_for(lambda: not any(rabbitmq_leftovers(url, queue).values()), bound, 0.2, message="RabbitMQ queues drained")
+    except AssertionError:
+        raise AssertionError(f"messages left in RabbitMQ: {rabbitmq_leftovers(url, queue)}") from None
+
+
 def check_invariants(system: System, redis_url: str, driver: Driver, *, fault_over: float, bound: float,
                      lost_ok: set[str] | None = None) -> Report:
     """The promises, checked from Redis after a fault:
@@ -376,3 +403,348 @@ def check_invariants(system: System, redis_url: str, driver: Driver, *, fault_ov
         raise AssertionError(f"messages left: {broker_leftovers(client, prefix, system.queue_name)}") from None
     client.close()
     return report
+
+
+# -- watching a worker from outside: MONITOR, /proc, the scripts' SHAs -------------------
+#
+# For tests that stop a worker process at a given step of an import with real
+# signals (tests/faults/test_crash_points.py): no hook in the product, only
+# what anyone can see from outside (MONITOR, CLIENT LIST, /proc, the records).
+
+
+def _script_source(name: str) -> str:
+    from importer.adapters.dramatiq import private
+    from importer.adapters.redis.scripts import fetch_source, lua_source
+
+    if name == "dispatch":
+        return private.dispatch_script()
+    if name == "fetch":
+        return fetch_source(private.dispatch_script())
+    return lua_source(name)
+
+
+def script_sha(name: str) -> str:
+    """The SHA the worker's EVALSHA names: one of adapters/redis/scripts.py's
+    scripts ("start", "apply", "start_apply", ...), "fetch" (fetch.lua around
+    dramatiq's dispatch script) or "dispatch" (dramatiq's own script)."""
+    import hashlib
+
+    return hashlib.sha1(_script_source(name).encode("utf-8")).hexdigest()
+
+
+def preload_scripts(client: redis.Redis, names: tuple[str, ...] = ("start", "apply", "start_apply", "fetch", "dispatch")) -> None:
+    """SCRIPT LOAD them before any worker runs, so that each call is one EVALSHA
+    that runs (not a NOSCRIPT answer and a retry), and check the SHAs."""
+    for name in names:
+        loaded = client.script_load(_script_source(name))
+        assert loaded == script_sha(name), (name, loaded, script_sha(name))
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2:].split()  # after "pid (comm) ": state is [0], ppid [1]
+
+
+def children_of(pid: int) -> list[int]:
+    """Live (not zombie) child processes of pid, from /proc (Linux)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (fields := _proc_stat(int(entry))) is not None:
+            if int(fields[1]) == pid and fields[0] not in ("Z", "X"):
+                found.append(int(entry))
+    return sorted(found)
+
+
+def worker_process_of(proc: Any) -> int:
+    """The dramatiq worker process of an `importer worker --processes 1`: the
+    child of its main process that runs the imports (Proc of tests/integration/support.py)."""
+    return int(wait_for(lambda: (c := children_of(proc.popen.pid)) and len(c) == 1 and c[0], 20,
+                        message="the worker's dramatiq worker process"))
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used (/proc/<pid>/stat)."""
+    fields = _proc_stat(pid)
+    assert fields is not None, f"process {pid} is gone"
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tcp_ports_of(pid: int) -> set[int]:
+    """Local ports of the TCP sockets a process holds (/proc/<pid>/fd and /proc/<pid>/net/tcp*):
+    how its Redis connections show in MONITOR and CLIENT LIST (addr=127.0.0.1:PORT)."""
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+    except OSError:
+        return set()
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[9] in inodes:
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def client_ports(client: redis.Redis, *, blocked: bool = False) -> set[int]:
+    """Ports of the clients connected to the server (CLIENT LIST); `blocked`: only
+    those with a command held back (flags b: a CLIENT PAUSE postponed it, or a blocking read)."""
+    out = set()
+    for entry in client.client_list():
+        if blocked and "b" not in str(entry.get("flags", "")):
+            continue
+        addr = str(entry.get("addr", ""))
+        if addr.startswith("127.0.0.1:"):
+            out.add(int(addr.rsplit(":", 1)[1]))
+    return out
+
+
+@dataclass
+class MonitorLine:
+    """One command MONITOR showed: when this process read it, which client sent it
+    ("lua": a command a script ran; `script` is then the EVALSHA that ran it), and
+    its first arguments (the command lower-cased; each cut at 200 bytes)."""
+
+    index: int
+    at: float
+    #: the server's clock when it ran it (seconds)
+    server_at: float
+    client: str
+    args: list[bytes]
+    script: "MonitorLine | None" = None
+
+    @property
+    def port(self) -> int | None:
+        source = self.script.client if self.client == "lua" and self.script is not None else self.client
+        host, _, port = source.rpartition(":")
+        return int(port) if host and port.isdigit() else None
+
+    def is_script(self, sha: str) -> bool:
+        return self.client != "lua" and self.args[:2] == [b"evalsha", sha.encode()]
+
+
+def _monitor_args(text: bytes, limit: int = 8, cut: int = 200) -> list[bytes]:
+    """The first `limit` quoted arguments of a MONITOR line, without reading the
+    rest of it (an apply of 100,000 rows is one line of megabytes)."""
+    out: list[bytes] = []
+    i = 0
+    while len(out) < limit:
+        start = text.find(b'"', i)
+        if start < 0:
+            break
+        end = start + 1
+        while True:
+            end = text.find(b'"', end)
+            if end < 0:
+                return out
+            slashes = 0
+            while text[end - 1 - slashes] == 0x5C:
+                slashes += 1
+            if slashes % 2 == 0:
+                break
+            end += 1
+        out.append(text[start + 1:min(end, start + 1 + cut)])
+        i = end + 1
+    if out:
+        out[0] = out[0].lower()
+    return out
+
+
+class Trigger:
+    """Set (once) by the MONITOR thread when the first line matching `match`
+    arrives, right after it ran `action` on that line."""
+
+    def __init__(self, match: Any, action: Any) -> None:
+        self.match, self.action = match, action
+        self.line: MonitorLine | None = None
+        self.fired = threading.Event()
+
+    def wait(self, timeout: float) -> MonitorLine:
+        assert self.fired.wait(timeout), "the watched step never happened"
+        assert self.line is not None
+        return self.line
+
+
+class Monitor:
+    """MONITOR on the test's own server, read in a thread of this process: every
+    command any client runs, as it runs. A Trigger's action runs in that thread
+    the moment its line is read: a SIGSTOP there lands a fraction of a
+    millisecond after the step ran. Whether that was before the process's next
+    command is for the caller to check: MONITOR shows whatever ran after.
+
+    The server shows a script's EVALSHA before the commands the script ran
+    (redis-server 7.0 and valkey 9 here; a probe checks it when the monitor
+    starts), so each "lua" line is given the EVALSHA before it as its `script`.
+    Lines are kept when `keep` says so (by default: every command of a client,
+    and the commands scripts ran on dramatiq's acks sets). Only the first
+    arguments of a line are read: an import's script line holds its rows."""
+
+    def __init__(self, server: RedisServer, keep: Any = None) -> None:
+        self.server = server
+        self.keep = keep or (lambda line: line.client != "lua" or (len(line.args) > 1 and b"__acks__" in line.args[1]))
+        self._lines: list[MonitorLine] = []
+        self._triggers: list[Trigger] = []
+        self._lock = threading.Lock()
+        self._sock: Any = None
+        self._thread = threading.Thread(target=self._run, name="monitor", daemon=True)
+        self._closed = threading.Event()
+        self._count = 0
+        self._pending = b""
+
+    def start(self) -> "Monitor":
+        import socket
+
+        self._sock = socket.create_connection(("127.0.0.1", self.server.port), timeout=10)
+        self._sock.sendall(b"MONITOR\r\n")
+        reply = b""
+        while b"\r\n" not in reply:
+            reply += self._sock.recv(64)
+        assert reply.startswith(b"+OK\r\n"), reply
+        self._pending = reply[len(b"+OK\r\n"):]  # the first commands may come in the same read
+        self._sock.settimeout(None)
+        self._thread.start()
+        # The probe: a script's EVALSHA shows before the commands it ran.
+        probe = self.server.client()
+        sha = probe.script_load("#!lua\nreturn redis.call('ECHO', 'monitor-probe')")
+        seen = self.when(lambda line: line.args[:2] == [b"echo", b"monitor-probe"], lambda line: None)
+        probe.evalsha(sha, 0)
+        line = seen.wait(10)
+        assert line.client == "lua" and line.script is not None and line.script.is_script(sha), (
+            "this server shows a script's commands before its EVALSHA: Monitor cannot tell which client ran them")
+        probe.close()
+        return self
+
+    def when(self, match: Any, action: Any) -> Trigger:
+        trigger = Trigger(match, action)
+        with self._lock:
+            self._triggers.append(trigger)
+        return trigger
+
+    def lines(self, after: MonitorLine | None = None, ports: set[int] | None = None) -> list[MonitorLine]:
+        """Kept lines (after a given one; of clients on given ports)."""
+        with self._lock:
+            lines = list(self._lines)
+        return [line for line in lines if (after is None or line.index > after.index) and (ports is None or line.port in ports)]
+
+    def close(self) -> None:
+        import socket
+
+        self._closed.set()
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)  # wakes the thread's recv (a close alone does not)
+                self._sock.close()
+            except OSError:
+                pass
+        self._thread.join(10)
+        assert not self._thread.is_alive(), "the MONITOR thread did not stop"
+
+    def _run(self) -> None:
+        buffer = bytearray(self._pending)
+        scan = 0  # where to look for the end of the line being read (one line may be megabytes)
+        script: MonitorLine | None = None
+        while not self._closed.is_set():
+            start = 0
+            while (end := buffer.find(b"\r\n", max(scan, start))) >= 0:
+                line = self._parse(bytes(buffer[start:end]), script)
+                start = end + 2
+                if line is None:
+                    continue
+                if line.client != "lua":
+                    script = line
+                self._dispatch(line)
+            del buffer[:start]
+            scan = max(0, len(buffer) - 1)
+            try:
+                chunk = self._sock.recv(1 << 20)
+            except OSError:
+                return
+            if not chunk:
+                return
+            buffer += chunk
+
+    def _parse(self, raw: bytes, script: MonitorLine | None) -> MonitorLine | None:
+        # +1796164154.144648 [0 127.0.0.1:36258] "evalsha" "b6bb..." "0" ...
+        if not raw.startswith(b"+"):
+            return None
+        open_at = raw.find(b" [")
+        close_at = raw.find(b"] ", open_at)
+        if open_at < 0 or close_at < 0:
+            return None
+        who = raw[open_at + 2:close_at].split(b" ", 1)
+        client = who[1].decode() if len(who) > 1 else ""
+        self._count += 1
+        line = MonitorLine(self._count, time.monotonic(), float(raw[1:open_at]), client, _monitor_args(raw[close_at + 2:]))
+        if client == "lua":
+            line.script = script
+        return line
+
+    def _dispatch(self, line: MonitorLine) -> None:
+        with self._lock:
+            armed = [t for t in self._triggers if not t.fired.is_set()]
+        for trigger in armed:  # in the order they were armed
+            if trigger.match(line):
+                trigger.action(line)
+                trigger.line = line
+                with self._lock:
+                    self._triggers.remove(trigger)
+                trigger.fired.set()
+        if self.keep(line):
+            with self._lock:
+                self._lines.append(line)
+
+
+def driver_for(system: System, posts: list[Post]) -> Driver:
+    """A Driver holding POSTs a test made itself (for check_invariants)."""
+    driver = Driver(system, 0)
+    driver.posts = posts
+    return driver
+
+
+def job_path(client: redis.Redis, prefix: str, job_id: str) -> list[tuple[str, int, int]]:
+    """The record's path: each event of the job in the events stream, as
+    (event, attempt, Redis time in ms), in order."""
+    out = []
+    for entry_id, fields in client.xrange(f"{prefix}events"):
+        if _s(fields.get(b"jobId")) == job_id:
+            out.append((_s(fields[b"event"]), int(fields.get(b"attempt") or 0), int(_s(entry_id).split("-")[0])))
+    return out
+
+
+def wait_busy(server: RedisServer, *, longer_than_s: float = 0.01, timeout_s: float = 30.0) -> float:
+    """Return the moment the server is seen running one long command (a script
+    of a large import), while it still runs it: a PING it does not answer
+    within `longer_than_s`. (Or it was only slow: a loaded machine. The caller
+    tells them apart afterwards.)"""
+    import socket
+
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            sock.settimeout(5)
+            sock.sendall(b"PING\r\n")
+            sock.settimeout(longer_than_s)
+            try:
+                reply = b""
+                while not reply.endswith(b"\r\n"):
+                    reply += sock.recv(64)
+            except socket.timeout:
+                return time.monotonic()
+            time.sleep(0.001)
+        raise AssertionError(f"the server never ran a command longer than {longer_than_s}s")
+    finally:
+        sock.close()

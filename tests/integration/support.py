@@ -191,8 +191,10 @@ class System:
         assert proc.popen.poll() is None, proc.log()
         return proc
 
-    def start_http(self, *, workers: int = 1, server: str = "granian", **env: str) -> Proc:
-        """`importer serve` (granian, or `--server gunicorn`), or the same app under waitress."""
+    def start_http(self, *, workers: int = 1, server: str = "granian", sick: str = "", **env: str) -> Proc:
+        """`importer serve` (granian, or `--server gunicorn`), or the same app under waitress.
+        Ready when /health answers 200, or with ``sick`` when it answers 503 with that
+        reason (a dependency made sick on purpose, e.g. ``broker_unreachable``)."""
         port = free_port()
         if server == "waitress":
             proc = self._spawn(
@@ -208,9 +210,12 @@ class System:
             if proc.popen.poll() is not None:
                 raise AssertionError(proc.log())
             try:
-                return self.request("GET", "/health")[0] == 200
+                status, _, body = self.request("GET", "/health")
             except OSError:
                 return False
+            if sick and status == 503:
+                return bool(json.loads(body).get("reason") == sick)
+            return status == 200
 
         wait_for(healthy, 30, 0.1, message="HTTP health")
         return proc

@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,66 @@ def test_ctrl_c_stops_importer_dev_cleanly_with_readable_lines(tmp_path: Path) -
     assert not [line for line in lines if re.match(r"^\S+ (warning|error|critical)", line)], shown
     for event in ("events.closed", "worker.redis_closed", "http.closed"):
         assert [line for line in lines if f" {event}" in line], (event, shown)
+
+
+def _start_dev(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path, int]:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IMPORTER_")}
+    env.update(IMPORTER_DATA_DIR=str(tmp_path / "data"), PYTHONUNBUFFERED="1")
+    out = tmp_path / "dev.log"
+    with open(out, "wb") as handle:
+        dev = subprocess.Popen(
+            [sys.executable, "-m", "importer.adapters.processes.cli", "dev", "--port", str(port)],
+            stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True,
+        )
+    return dev, out, port
+
+
+def _names(pids: list[int]) -> list[str]:
+    out = []
+    for pid in pids:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            out.append(f"{pid}:{command[:90]}")
+        except OSError:
+            out.append(f"{pid}:?")
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_sigkill_of_importer_dev_stops_every_process_it_started(tmp_path: Path) -> None:
+    """`importer dev` supervises its children: killed by any signal, SIGKILL
+    included (no handler of its own runs), the server, the worker, the
+    observer and the embedded valkey it started, and their own processes,
+    stop within a few seconds."""
+    dev, out, port = _start_dev(tmp_path)
+    family: dict[int, str] = {}
+    try:
+        wait_for(lambda: "dev: press Ctrl-C to stop" in out.read_text(), 90, 0.1, "importer dev to be ready")
+        wait_for(lambda: "Worker process is ready for action" in out.read_text(), 60, 0.1, "the worker")
+        family = _family(dev.pid)
+        # valkey, the observer, dramatiq's main and worker processes, granian's main and worker.
+        assert len(family) >= 6, _names(list(family))
+        os.kill(dev.pid, signal.SIGKILL)  # dev alone, not its process group
+        dev.wait(timeout=10)
+        killed_at = time.monotonic()
+        try:
+            wait_for(lambda: not _still_running(family), 10, 0.05, "every process importer dev started to stop")
+        except AssertionError:
+            raise AssertionError(f"still running: {_names(_still_running(family))}\n{out.read_text()}") from None
+        took = time.monotonic() - killed_at
+    finally:
+        if dev.poll() is None:
+            os.killpg(dev.pid, signal.SIGKILL)
+            dev.wait()
+        for pid in _still_running(family):
+            os.kill(pid, signal.SIGKILL)
+    shown = out.read_text()
+    print(f"[dev] SIGKILL: {len(family)} processes gone in {took:.1f}s")
+    assert took <= 5, f"{took:.1f}s\n{shown}"
+    # Each stopped as on SIGTERM, none was killed, and the embedded server
+    # stopped last: nobody lost its connection to it.
+    assert "dev: importer dev is gone; stopping the processes it started" in shown, shown
+    for event in ("events.closed", "worker.redis_closed", "http.closed"):
+        assert f" {event}" in shown, (event, shown)
+    assert "killing" not in shown.lower() and "connection error" not in shown.lower(), shown

@@ -20,7 +20,8 @@ def transport(request: pytest.FixtureRequest) -> str:
 def test_an_unconfirmed_publish_answers_503_and_the_job_recovers(make_system: object) -> None:
     system: System = make_system(IMPORTER_WAITING_GRACE="1")  # type: ignore[operator]
     # This HTTP process's broker cannot confirm anything: nothing listens there.
-    system.start_http(IMPORTER_BROKER_URL="amqp://guest:guest@127.0.0.1:1/%2F?connection_attempts=1&socket_timeout=2")
+    system.start_http(IMPORTER_BROKER_URL="amqp://guest:guest@127.0.0.1:1/%2F?connection_attempts=1&socket_timeout=2",
+                      sick="broker_unreachable")  # /health says so
     status, problem = system.post_csv("unconfirmed-1", SEED)
     assert (status, problem["code"]) == (503, "service.unavailable")
     record = system.store().get_job("shipment-unconfirmed-1")

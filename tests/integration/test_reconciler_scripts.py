@@ -57,6 +57,7 @@ def test_unsent_and_sent_jobs_are_sent_again_after_the_grace(store: ProbeStore) 
 
 def test_stalled_attempt_is_taken_back_and_fenced_off(store: ProbeStore) -> None:
     job_id, upload_id = _record(store)
+    store.reconcile()  # a pass: the store is answering (no outage before the next one)
     first = store.start_attempt(job_id, upload_id).started
     assert first is not None and first.token
     assert store.start_attempt(job_id, upload_id).kind == "busy"  # a duplicate under a live lease
@@ -65,6 +66,7 @@ def test_stalled_attempt_is_taken_back_and_fenced_off(store: ProbeStore) -> None
     assert [j for j, _, _ in store.reconcile()] == [job_id]
     record = store.get_job(job_id)
     assert record is not None and record.state == "retrying" and record.error["code"] == "import.worker_lost"
+    assert store.client.hget(store.keys.job(job_id), "stalls") == b"1"
     second = store.start_attempt(job_id, upload_id).started
     assert second is not None and second.attempt == 2 and second.token != first.token
     # The stale attempt wakes up: nothing it writes lands.
@@ -81,30 +83,76 @@ def test_stalled_attempt_is_taken_back_and_fenced_off(store: ProbeStore) -> None
     assert store.reconcile() == []  # a finished job has no deadline
 
 
-def test_attempts_used_up_fail_the_job(store: ProbeStore) -> None:
+def test_stalls_past_their_limit_fail_the_job_as_stalled(store: ProbeStore) -> None:
+    """A stall is counted apart from the attempts (IMPORTER_MAX_STALLS, 2)."""
     job_id, upload_id = _record(store)
+    store.reconcile()
     for attempt in (1, 2, 3):
         started = store.start_attempt(job_id, upload_id).started
         assert started is not None and started.attempt == attempt
         time.sleep(0.4)
         store.reconcile()
     record = store.get_job(job_id)
-    assert record is not None and record.state == "failed" and record.error["code"] == "import.attempts_exhausted"
+    assert record is not None and record.state == "failed" and record.error["code"] == "import.stalled"
     assert store.reconcile() == []
 
 
-@pytest.mark.parametrize("one_step", [False, True], ids=["separate-steps", "one-step"])
-def test_a_delivery_that_takes_over_a_lost_attempt_records_it_as_the_reconciler_does(
-    store: ProbeStore, one_step: bool,
-) -> None:
-    """A redelivered message can reach start.lua before the reconciler sees the
-    expired lease (dramatiq requeues a dead worker's messages itself). The job's
-    history must read the same either way: the lost attempt 'retrying'
-    (import.worker_lost), then the new attempt."""
+def _fail(store: ProbeStore, job_id: str, started: object, *, outage: bool = False) -> str:
+    return store.record_failure(
+        job_id=job_id, attempt=started.attempt, final=False if outage else None,  # type: ignore[attr-defined]
+        error=PublicError.from_code("import.store_unavailable" if outage else "import.time_limit"),
+        diagnostic="x", next_attempt_at_ms=int(time.time() * 1000), token=started.token, outage=outage,  # type: ignore[attr-defined]
+    )
+
+
+def test_attempts_the_import_can_be_blamed_for_are_counted_and_outages_are_not(store: ProbeStore) -> None:
+    job_id, upload_id = _record(store)
+    for _ in range(5):  # five attempts that lost their store: none counts
+        started = store.start_attempt(job_id, upload_id).started
+        assert started is not None
+        assert _fail(store, job_id, started, outage=True) == "retrying"
+    outcomes = []
+    for _ in range(3):  # three that failed on their own: the third is final
+        started = store.start_attempt(job_id, upload_id).started
+        assert started is not None
+        outcomes.append(_fail(store, job_id, started))
+    assert outcomes == ["retrying", "retrying", "failed"]
+    record = store.get_job(job_id)
+    assert record is not None and record.attempt == 8 and record.error["code"] == "import.time_limit"
+    assert store.client.hget(store.keys.job(job_id), "outages") == b"5"
+
+
+def test_a_lease_that_ran_out_while_no_pass_could_run_blames_nobody(store: ProbeStore) -> None:
+    """The pass before this one was long ago (the store was away, or no worker
+    ran): an expired lease gets one more lease, and its worker carries on."""
     job_id, upload_id = _record(store)
     first = store.start_attempt(job_id, upload_id).started
     assert first is not None
+    time.sleep(0.4)  # the lease ran out; the previous pass is unknown (as after an outage)
+    assert store.reconcile() == []
+    record = store.get_job(job_id)
+    assert record is not None and record.state == "active" and record.attempt == 1
+    assert store.client.hget(store.keys.job(job_id), "stalls") is None
+    assert store.renew([(job_id, first.token)]) == 1  # the worker is back: its lease holds
+    assert _apply(store, job_id, upload_id, 1, first.token) == "applied"
+
+
+@pytest.mark.parametrize("one_step", [False, True], ids=["separate-steps", "one-step"])
+def test_a_delivery_that_finds_a_lost_attempt_leaves_it_to_the_reconciler(
+    store: ProbeStore, one_step: bool,
+) -> None:
+    """A redelivered message can reach start.lua before the reconciler sees the
+    expired lease (dramatiq requeues a dead worker's messages itself). It does
+    not take over: the reconciler decides whom to blame, then the job starts
+    again. The history: the lost attempt 'retrying' (import.worker_lost), then
+    the new attempt."""
+    job_id, upload_id = _record(store)
+    store.reconcile()
+    first = store.start_attempt(job_id, upload_id).started
+    assert first is not None
     time.sleep(0.4)  # the lease runs out; no reconciler pass runs
+    assert store.start_attempt(job_id, upload_id).kind == "busy"
+    assert [j for j, _, _ in store.reconcile()] == [job_id]
     if one_step:
         outcome, applied = store.start_and_apply(job_id=job_id, upload_id=upload_id, batch_id="b1", shipment=SHIPMENT)
         assert outcome.started is not None and outcome.started.attempt == 2

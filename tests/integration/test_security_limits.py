@@ -24,7 +24,7 @@ BAD = (FIXTURES / "invalid-bad-quantity.csv").read_bytes()
 
 STATUS_FIELDS = {
     "id", "batchId", "state", "attempt", "progress", "result", "error",
-    "createdAt", "updatedAt", "startedAt", "finishedAt", "nextAttemptAt",
+    "createdAt", "updatedAt", "startedAt", "finishedAt", "nextAttemptAt", "retries", "retryable",
 }
 ERROR_FIELDS = {"code", "message", "issues", "issuesTruncated", "rejections"}
 FORBIDDEN = re.compile(

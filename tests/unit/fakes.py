@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from importer.domain.contract import live_workers_can_run
 from importer.domain.jobs import JobRecord, JobState, RejectionReport, ShipmentRecord
 from importer.domain.errors import PublicError
-from importer.domain.ports import ApplyResult, EnqueueOutcome, StartedAttempt, StartOutcome
+from importer.domain.ports import ApplyResult, EnqueueOutcome, RetryOutcome, StartedAttempt, StartOutcome
 from importer.domain.receipt import StoredReceipt
 from importer.domain.shipment import Shipment
 
@@ -102,6 +102,38 @@ class FakeStore:
         self.raw_hashes[job_id] = raw_sha256
         self.uploads[upload_id] = csv
         return EnqueueOutcome("created", "waiting", sent=self.sends_with_record)
+
+    def retry_job(self, *, job_id: str, owner: str, upload_id: str, retryable: frozenset[str]) -> RetryOutcome:
+        """As retry.lua decides: the owner first, then the state, the failure's code, the upload, the door."""
+        self._call("retry_job")
+        record = self.jobs.get(job_id)
+        if record is None or record.owner != owner or job_id != f"shipment-{record.batch_id}":
+            return RetryOutcome("missing")
+        if record.state != JobState.FAILED:
+            return RetryOutcome("not_retryable", reason="state", state=record.state)
+        code = record.error.get("code") if isinstance(record.error, dict) else None
+        code = code if isinstance(code, str) else ""
+        if code not in retryable:
+            return RetryOutcome("not_retryable", reason="code", state=record.state, error_code=code)
+        if record.upload_id not in self.uploads:
+            return RetryOutcome("not_retryable", reason="upload_gone", state=record.state, error_code=code)
+        if not live_workers_can_run(self.producer_version, list(self.workers.values())):
+            accepted = frozenset().union(*self.workers.values())
+            return RetryOutcome("no_worker", producer_version=self.producer_version, workers_accept=accepted)
+        self.uploads[upload_id] = self.uploads.pop(record.upload_id)
+        retries = record.retries + 1
+        self.jobs[job_id] = replace(
+            record, state=JobState.WAITING, attempt=0, progress=None, result=None, error=None, updated_at_ms=NOW_MS,
+            started_at_ms=None, finished_at_ms=None, next_attempt_at_ms=None, upload_id=upload_id, retries=retries,
+        )
+        events = self.events.setdefault(job_id, [])
+        last = str(events[-1]["id"]) if events else f"{NOW_MS}-0"
+        ms, seq = last.split("-")
+        events.append({
+            "id": f"{ms}-{int(seq) + 1}", "event": "waiting", "jobId": job_id, "batchId": record.batch_id,
+            "attempt": 0, "data": {"retry": retries},
+        })
+        return RetryOutcome("retried", batch_id=record.batch_id, retries=retries, sent=self.sends_with_record)
 
     def read_upload(self, upload_id: str) -> bytes | None:
         self._call("read_upload")
@@ -257,11 +289,11 @@ class FakeAttemptStore:
         return ApplyResult(kind, {"imported": shipment.row_count, "batchId": batch_id})  # type: ignore[arg-type]
 
     def record_failure(
-        self, *, job_id: str, attempt: int | None, final: bool, error: PublicError, diagnostic: str,
-        next_attempt_at_ms: int | None, token: str = "",
+        self, *, job_id: str, attempt: int | None, final: bool | None, error: PublicError, diagnostic: str,
+        next_attempt_at_ms: int | None, token: str = "", outage: bool = False,
     ) -> str:
         self.calls.append("fail")
-        self.failures.append((error.code, final))
+        self.failures.append((error.code, bool(final)))
         self.state = "failed" if final else "retrying"
         return self.state
 

@@ -37,7 +37,7 @@ OTHER_CSV = "sku,quantity\nWIDGET-RED-01,11\n"
 
 STATUS_FIELDS = frozenset({
     "id", "batchId", "state", "attempt", "progress", "result", "error",
-    "createdAt", "updatedAt", "startedAt", "finishedAt", "nextAttemptAt",
+    "createdAt", "updatedAt", "startedAt", "finishedAt", "nextAttemptAt", "retries", "retryable",
 })
 PROBLEM_MEMBERS = frozenset({"type", "title", "status", "detail", "code"})
 

@@ -146,7 +146,7 @@ def test_stream_sends_stored_events_and_ends_after_the_final_one() -> None:
     h.store.jobs["shipment-a"] = rec("shipment-a", state="active")
     h.store.events["shipment-a"] = [
         ev("1-0", "waiting", attempt=0), ev("2-0", "active"), ev("2-1", "progress", data={"phase": "validated", "rows": 3}),
-        ev("2-2", "completed", data={"imported": 3, "batchId": "a"}), ev("9-0", "waiting"),
+        ev("2-2", "completed", data={"imported": 3, "batchId": "a"}),
     ]
     status, headers, body = stream_call(h, "/api/imports/shipment-a/events")
     assert status == 200
@@ -156,6 +156,42 @@ def test_stream_sends_stored_events_and_ends_after_the_final_one() -> None:
     assert [(m["id"], m["event"]) for m in messages] == [("1-0", "waiting"), ("2-0", "active"), ("2-1", "progress"), ("2-2", "completed")]
     assert json.loads(messages[2]["data"])["data"] == {"phase": "validated", "rows": 3}
     assert h.api.event_streams.slots.open == 0
+
+
+def test_a_retried_imports_stream_goes_on_past_its_earlier_failure_to_the_last_final_event() -> None:
+    h = harness()
+    h.store.jobs["shipment-a"] = rec("shipment-a", state="completed", retries=1)
+    h.store.events["shipment-a"] = [
+        ev("1-0", "waiting", attempt=0), ev("2-0", "active"), ev("3-0", "failed", data={"code": "import.time_limit"}),
+        ev("4-0", "waiting", attempt=0, data={"retry": 1}), ev("5-0", "active"),
+        ev("5-1", "completed", data={"imported": 3, "batchId": "a"}),
+    ]
+    _, _, body = stream_call(h, "/api/imports/shipment-a/events")
+    assert [m["event"] for m in sse_messages(body)] == ["waiting", "active", "failed", "waiting", "active", "completed"]
+    assert json.loads(sse_messages(body)[3]["data"])["data"] == {"retry": 1}
+
+
+def test_a_stream_opened_on_a_failed_import_follows_its_retry_live() -> None:
+    """The record read as failed, then retried before (or while) its history
+    is replayed: the stream does not end at the earlier failure."""
+    clock = FakeClock()
+    h = harness(heartbeat_s=2.0, max_duration_s=30.0, block_s=1.0, clock=clock)
+    h.store.jobs["shipment-a"] = rec("shipment-a", state="failed")
+    h.store.events["shipment-a"] = [ev("1-0", "waiting", attempt=0), ev("3-0", "failed", data={"code": "import.time_limit"})]
+    original = h.store.job_events
+
+    def retried_meanwhile(job_id: str, after_id: str, block_ms: int | None) -> list[dict[str, object]]:
+        if block_ms is None and after_id == "0-0":  # the replay: the retry happened just before it
+            h.store.jobs["shipment-a"] = rec("shipment-a", state="waiting", retries=1)
+            h.store.events["shipment-a"].append(ev("4-0", "waiting", attempt=0, data={"retry": 1}))
+        elif block_ms:
+            clock.now += block_ms / 1000
+            h.store.events["shipment-a"] += [ev("5-0", "active"), ev("5-1", "completed", data={"imported": 3, "batchId": "a"})]
+        return original(job_id, after_id, block_ms)
+
+    h.store.job_events = retried_meanwhile  # type: ignore[method-assign]
+    _, _, body = stream_call(h, "/api/imports/shipment-a/events")
+    assert [m["id"] for m in sse_messages(body)] == ["1-0", "3-0", "4-0", "5-0", "5-1"]
 
 
 def test_stream_resumes_after_last_event_id() -> None:

@@ -119,6 +119,17 @@ def _failed_job(h: Harness) -> Result:
     return h.get_job("shipment-b-err")
 
 
+def _retried(h: Harness, code: str = "import.attempts_exhausted") -> Result:
+    _accepted(h)
+    from dataclasses import replace
+
+    from importer.domain.errors import PublicError
+
+    job = h.store.jobs["shipment-b-spec"]
+    h.store.jobs["shipment-b-spec"] = replace(job, state="failed", error=PublicError.from_code(code).to_dict())
+    return h.call("POST", "/api/imports/shipment-b-spec/retry")
+
+
 def _invalid(h: Harness) -> Result:
     return h.post_json({"batchId": "bad id!", "extra": 1})
 
@@ -158,6 +169,9 @@ CASES: list[tuple[str, Callable[[Harness], Result], str, str, int, str]] = [
     ("503-health", _health_closing, "/health", "get", 503, "application/json"),
     ("422-problem", _invalid, "/api/imports", "post", 422, "application/problem+json"),
     ("409-problem", _conflict, "/api/imports", "post", 409, "application/problem+json"),
+    ("202-retried", _retried, "/api/imports/{jobId}/retry", "post", 202, "application/json"),
+    ("409-not-retryable", lambda h: _retried(h, "csv.bad_row"), "/api/imports/{jobId}/retry", "post", 409,
+     "application/problem+json"),
     ("404-problem", _not_found, "/api/imports/{jobId}", "get", 404, "application/problem+json"),
     ("401-problem", _unauthenticated, "/api/imports/{jobId}", "get", 401, "application/problem+json"),
 ]

@@ -3,7 +3,8 @@
 --
 -- KEYS[1..5], ARGV[1..8]: the job-step header (common.lua), then
 -- ARGV[9] attempt ('' = a failure before any attempt started, e.g. an
--- unreadable message: counts as a new attempt)  ARGV[10] final ('1' or '0')
+-- unreadable message: counts as a new attempt)  ARGV[10] final: '1', '0', or
+-- 'auto' (final when the attempts counted reach ARGV[18])
 -- ARGV[11] public error JSON  ARGV[12] diagnostic (operators only)
 -- ARGV[13] next attempt at (ms, '' when final)
 -- KEYS[6] P:jobs:deadline
@@ -15,6 +16,9 @@
 -- ARGV[16] the rejection report JSON ('' = none): a final failure writes it to
 --          KEYS[7] (removes it when ''), in the same step as the record, before
 --          retention runs (which removes it with the record)
+-- ARGV[17] '1' when the attempt failed because the store was away (an
+--          outage: counted in `outages`, never toward the attempts, never final)
+-- ARGV[18] max attempts (for 'auto'): counted = attempt - outages - stalls
 --
 -- A finished job is never changed (returns {'finished', state}); neither is
 -- a job another attempt holds (returns {'stale', state}).
@@ -34,7 +38,17 @@ end
 
 local attempt = ARGV[9]
 if attempt == '' then attempt = redis.call('HINCRBY', step.key, 'attempt', 1) end
-if ARGV[10] == '1' then
+local final = ARGV[10] == '1'
+if ARGV[17] == '1' then
+  redis.call('HINCRBY', step.key, 'outages', 1)
+  count(step.stats, 'outages')
+  final = false
+elseif ARGV[10] == 'auto' then
+  local uncounted = redis.call('HMGET', step.key, 'outages', 'stalls')
+  local counted = tonumber(attempt) - tonumber(uncounted[1] or '0') - tonumber(uncounted[2] or '0')
+  final = counted >= tonumber(ARGV[18])
+end
+if final then
   if ARGV[16] ~= '' then redis.call('SET', KEYS[7], ARGV[16]) else redis.call('DEL', KEYS[7]) end
   mark_failed(step, rec[2], rec[3], attempt, error_json, diagnostic)
   redis.call('ZREM', KEYS[6], step.id)

@@ -10,6 +10,18 @@
 -- ARGV[8] 'P:jobs:failed:'  ARGV[9] keepFailedAgeMs  ARGV[10] keepFailedCount
 -- ARGV[11] public error JSON import.attempts_exhausted
 -- ARGV[12] public error JSON import.worker_lost (the record of a stalled attempt)
+-- KEYS[7] P:reconciler:pass (the server time of the last pass)
+-- ARGV[13] outage gap ms  ARGV[14] lease ms  ARGV[15] max stalls
+-- ARGV[16] public error JSON import.stalled
+--
+-- Blame. An attempt counts toward IMPORTER_MAX_ATTEMPTS only for what can be
+-- blamed on it (fail.lua: the application's errors, the time limit); one that
+-- lost its store is an outage (`outages`, never counted). An active job past
+-- its lease is a stall (`stalls`, counted apart, at most ARGV[15]: then it
+-- fails with import.stalled) only when the store was answering: a pass that
+-- comes more than the outage gap after the previous one (the store was away,
+-- or no worker ran a pass) gives each expired lease one more lease instead,
+-- and blames nobody. Counted attempts = attempt - outages - stalls.
 --
 -- Deadlines (the server's clock, except the unsent index and mark_sent: the producer's):
 --   recorded, not confirmed sent   createdAt + grace              (P:jobs:unsent, enqueue.lua)
@@ -26,8 +38,12 @@
 -- Returns a flat list {jobId, batchId, uploadId, ...} of messages to send.
 
 local grace, limit, max_attempts = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local gap, lease, max_stalls = tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15])
 local now = server_ms()
 local out = {}
+local last_pass = tonumber(redis.call('GET', KEYS[7]) or '0')
+local after_outage = now - last_pass > gap
+redis.call('SET', KEYS[7], now)
 
 local function step_for(job_id)
   return {
@@ -55,24 +71,40 @@ end
 
 for _, job_id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)) do
   local step = step_for(job_id)
-  local rec = redis.call('HMGET', step.key, 'state', 'batchId', 'uploadId', 'attempt', 'owner')
+  local rec = redis.call('HMGET', step.key, 'state', 'batchId', 'uploadId', 'attempt', 'owner', 'outages', 'stalls')
   local attempt = tonumber(rec[4] or '0')
+  local stalls = tonumber(rec[7] or '0')
+  local counted = attempt - tonumber(rec[6] or '0') - stalls
   if not rec[1] or is_finished(rec[1]) then
     redis.call('ZREM', KEYS[2], job_id)
-  elseif attempt >= max_attempts and rec[1] ~= 'waiting' then
-    redis.call('ZREM', KEYS[2], job_id)
-    mark_failed(step, rec[2], rec[5], attempt, ARGV[11], 'attempt ' .. attempt .. ' of ' .. max_attempts ..
-      ' passed its deadline in state ' .. rec[1] .. ' (worker died, stopped, or its message was lost)')
-  else
-    if rec[1] == 'active' then
-      -- The attempt's lease ran out: take the job back from it. Its token no
-      -- longer matches an active job, so nothing it writes later lands.
+  elseif rec[1] == 'active' and after_outage then
+    -- Nobody can be blamed for a lease that ran out while the store was away:
+    -- one more lease, for its worker to renew (a dead one is a stall next time).
+    redis.call('ZADD', KEYS[2], now + lease, job_id)
+    count(KEYS[6], 'outage_extensions')
+  elseif rec[1] == 'active' then
+    -- The attempt's lease ran out while the store answered: a stall. Take the
+    -- job back from it; its token no longer matches an active job, so nothing
+    -- it writes later lands.
+    stalls = tonumber(redis.call('HINCRBY', step.key, 'stalls', 1))
+    count(KEYS[6], 'stalls')
+    redis.call('ZREM', KEYS[3], job_id)
+    if stalls > max_stalls then
+      redis.call('ZREM', KEYS[2], job_id)
+      mark_failed(step, rec[2], rec[5], attempt, ARGV[16], 'attempt ' .. attempt .. ' stalled: its lease ran out (stall ' ..
+        stalls .. ' of at most ' .. max_stalls .. ')')
+    else
       redis.call('HSET', step.key, 'state', 'retrying', 'error', ARGV[12],
         'diagnostic', 'attempt ' .. attempt .. ' stalled: its lease ran out', 'nextAttemptAt', now, 'updatedAt', now)
-      redis.call('ZREM', KEYS[3], job_id)
       emit(KEYS[5], ARGV[4], 'retrying', job_id, rec[2], attempt, ARGV[12])
       count(KEYS[6], 'retries')
+      resend(job_id, rec)
     end
+  elseif counted >= max_attempts and rec[1] ~= 'waiting' then
+    redis.call('ZREM', KEYS[2], job_id)
+    mark_failed(step, rec[2], rec[5], attempt, ARGV[11], 'attempt ' .. attempt .. ' (' .. counted .. ' counted) of ' ..
+      max_attempts .. ' passed its deadline in state ' .. rec[1] .. ' (its message was lost)')
+  else
     resend(job_id, rec)
   end
 end

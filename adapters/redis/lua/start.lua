@@ -7,16 +7,16 @@
 -- ARGV[12] lease ms (the attempt holds the job this long unless renewed, renew.lua)
 -- ARGV[13] cap ms (time limit + stall margin: no renewal goes past start + cap)
 -- ARGV[14] public error JSON for a missing upload
--- ARGV[15] public error JSON import.worker_lost (a takeover of an attempt whose lease ran out)
 --
--- The attempt counter lives in the record, not in the message: a message
--- redelivered after a worker died counts as a new attempt too.
+-- The attempt counter lives in the record, not in the message. Attempts
+-- counted toward maxAttempts: attempt - outages - stalls (reconcile.lua, "Blame").
 --
 -- Fencing: each attempt gets a token (INCR P:fence), stored in the record as
 -- `token`; progress, apply and fail take effect only with the current token
 -- while the job is active. A delivery that finds the job active under a live
--- lease (its deadline in the future) starts no second concurrent attempt: it
--- returns {'busy', attempt} and is dropped.
+-- lease starts no second concurrent attempt, nor does one whose lease ran out
+-- (the reconciler takes that job back first): it returns {'busy', attempt}
+-- and is dropped.
 --
 -- Returns {'started', attempt, batchId, owner, contentSha256, csv, token}
 --       | {'missing'} | {'stale'} | {'finished', state} | {'exhausted', attempt}
@@ -30,24 +30,22 @@ if not state then return {'missing'} end
 if rec[2] ~= upload_id then return {'stale'} end
 if is_finished(state) then return {'finished', state} end
 if state == 'active' then
-  local deadline = tonumber(redis.call('ZSCORE', KEYS[9], step.id) or '0')
-  if deadline > step.now then return {'busy', redis.call('HGET', step.key, 'attempt')} end
-  -- The running attempt's lease ran out (its worker died or stopped): this
-  -- delivery takes over, and records the lost attempt as the reconciler
-  -- would (reconcile.lua), so the history reads the same whoever got there first.
-  local lost = redis.call('HGET', step.key, 'attempt')
-  redis.call('HSET', step.key, 'error', ARGV[15], 'diagnostic', 'attempt ' .. lost .. ' stalled: its lease ran out')
-  emit(step.events, step.maxlen, 'retrying', step.id, rec[3], lost, ARGV[15])
-  count(step.stats, 'retries')
+  -- Another attempt holds the job. Even when its lease ran out, this delivery
+  -- does not take over: the reconciler decides whom to blame (reconcile.lua:
+  -- a stall, or nobody after an outage) and sends the job again.
+  if not redis.call('ZSCORE', KEYS[9], step.id) then redis.call('ZADD', KEYS[9], step.now, step.id) end
+  return {'busy', redis.call('HGET', step.key, 'attempt')}
 end
 
 local attempt = redis.call('HINCRBY', step.key, 'attempt', 1)
 redis.call('ZREM', KEYS[7], step.id)
 redis.call('ZREM', KEYS[8], step.id)
+local uncounted = redis.call('HMGET', step.key, 'outages', 'stalls')
+local counted = attempt - tonumber(uncounted[1] or '0') - tonumber(uncounted[2] or '0')
 
-if attempt > max_attempts then
+if counted > max_attempts then
   mark_failed(step, rec[3], rec[4], attempt, ARGV[11],
-    'attempt ' .. attempt .. ' exceeds max attempts ' .. ARGV[10] .. ' (worker died or was stopped on each)')
+    'attempt ' .. attempt .. ' (' .. counted .. ' counted) exceeds max attempts ' .. ARGV[10])
   redis.call('ZREM', KEYS[9], step.id)
   return {'exhausted', attempt}
 end

@@ -16,10 +16,10 @@
 -- hash, dramatiq's worker heartbeats (so that a key added to apply.lua needs
 -- no change here: RedisStore.start_and_apply passes apply's list as it is)
 -- ARGV[1..8]   the job-step header
--- ARGV[9..15]  start.lua's ARGV[9..15]
--- ARGV[16] the dramatiq message's redis_message_id ('' = do not acknowledge)
--- ARGV[17] the dramatiq worker id   ARGV[18] the worker's clock in ms (its heartbeat, as dramatiq's ack)
--- ARGV[19..]   apply.lua's ARGV[9..] (the apply's owner, attempt and token are set here from the start)
+-- ARGV[9..14]  start.lua's ARGV[9..14]
+-- ARGV[15] the dramatiq message's redis_message_id ('' = do not acknowledge)
+-- ARGV[16] the dramatiq worker id   ARGV[17] the worker's clock in ms (its heartbeat, as dramatiq's ack)
+-- ARGV[18..]   apply.lua's ARGV[9..] (the apply's owner, attempt and token are set here from the start)
 --
 -- Acknowledging: exactly what dramatiq's own ack does (dispatch.lua 'ack':
 -- heartbeat, SREM from the acks set, HDEL of the message when it was there),
@@ -37,15 +37,15 @@ end
 
 local acks_key, messages_key, heartbeats_key = KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS]
 local start_keys = slice(KEYS, 1, 10)
-local start_argv = slice(ARGV, 1, 15)
+local start_argv = slice(ARGV, 1, 14)
 local apply_keys = slice(KEYS, 11, #KEYS - 3, slice(KEYS, 1, 5))
-local apply_argv = slice(ARGV, 19, #ARGV, slice(ARGV, 1, 8))
+local apply_argv = slice(ARGV, 18, #ARGV, slice(ARGV, 1, 8))
 
 local function acknowledge()
-  if ARGV[16] == '' then return 0 end
-  redis.call('ZADD', heartbeats_key, ARGV[18], ARGV[17])
-  if redis.call('SREM', acks_key, ARGV[16]) > 0 then
-    redis.call('HDEL', messages_key, ARGV[16])
+  if ARGV[15] == '' then return 0 end
+  redis.call('ZADD', heartbeats_key, ARGV[17], ARGV[16])
+  if redis.call('SREM', acks_key, ARGV[15]) > 0 then
+    redis.call('HDEL', messages_key, ARGV[15])
   end
   return 1
 end
