@@ -269,32 +269,35 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(f"importer: cannot read {args.file}: {err.strerror}", file=sys.stderr)
         return 2
     query = urllib.parse.urlencode({"batchId": args.batch_id})
-    try:
-        status, body = http_json("POST", f"{url}/api/imports?{query}", key, data, "text/csv")
-    except (OSError, ValueError, http.client.HTTPException) as err:
-        print(f"importer: cannot reach {url}: {err}", file=sys.stderr)
-        return 2
-    if status != 202:
-        print(f"refused: {_describe_problem(status, body)}", file=sys.stderr)
-        return 1
+    body = _accepted(url, f"{url}/api/imports?{query}", key, data, "text/csv")
+    if isinstance(body, int):
+        return body
     print(f"accepted {body['jobId']} (batch {body['batchId']}, {body['state']})", flush=True)
     if not args.wait:
         return 0
     return follow(url, key, body["jobId"], timeout=args.timeout)
 
 
-def cmd_retry(args: argparse.Namespace) -> int:
-    """POST /api/imports/{jobId}/retry: a failed import's new attempt chain (exit 1 on 404/409)."""
-    url, key = _target(args)
-    path = f"{url}/api/imports/{urllib.parse.quote(args.job_id)}/retry"
+def _accepted(url: str, target: str, key: str | None, data: bytes | None = None, ctype: str = "") -> Any:
+    """POST ``target``: the 202 answer's body, or the exit code after saying
+    why not (2: the server cannot be reached, 1: it refused)."""
     try:
-        status, body = http_json("POST", path, key)
+        status, body = http_json("POST", target, key, data, ctype)
     except (OSError, ValueError, http.client.HTTPException) as err:
         print(f"importer: cannot reach {url}: {err}", file=sys.stderr)
         return 2
     if status != 202:
         print(f"refused: {_describe_problem(status, body)}", file=sys.stderr)
         return 1
+    return body
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    """POST /api/imports/{jobId}/retry: a failed import's new attempt chain (exit 1 on 404/409)."""
+    url, key = _target(args)
+    body = _accepted(url, f"{url}/api/imports/{urllib.parse.quote(args.job_id)}/retry", key)
+    if isinstance(body, int):
+        return body
     print(f"retrying {body['jobId']} (batch {body['batchId']}, {body['state']})", flush=True)
     if not args.wait:
         return 0

@@ -23,6 +23,7 @@ import pytest
 from tests.faults.harness import FAULT_ENV, Driver, check_invariants, documented_bound, wait_rabbitmq_drained
 from tests.faults.test_faults import SLOW, HealthProbe
 from tests.integration.rabbitmq_node import RabbitNode, wait_until_blocked_or_clear
+from tests.integration.rabbitmq_node import module_node, node  # noqa: F401 (fixtures)
 from tests.integration.support import wait_for
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
@@ -33,26 +34,6 @@ SOCKET_TIMEOUT = float(FAULT_ENV["IMPORTER_REDIS_SOCKET_TIMEOUT"])
 #: included), + 1 s for a loaded machine.
 REQUEST_BOUND = SOCKET_TIMEOUT + 2
 POSTS = 200
-
-
-@pytest.fixture(scope="module")
-def module_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitNode]:
-    node = RabbitNode(tmp_path_factory.mktemp("rabbit"))
-    node.start()
-    yield node
-    node.stop()
-
-
-@pytest.fixture
-def node(module_node: RabbitNode) -> Iterator[RabbitNode]:
-    """The module's node, up and without alarm at the start and at the end of each scenario."""
-    module_node.resume()
-    if module_node.proc is None or module_node.proc.poll() is not None:
-        module_node.start()
-    yield module_node
-    module_node.resume()
-    if module_node.proc is not None and module_node.proc.poll() is None:
-        module_node.clear_memory_alarm()
 
 
 def _start(make_redis: Any, make_faulty: Any, node: RabbitNode, *, workers: int = 2, slow: int = 0,

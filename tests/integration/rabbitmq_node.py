@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pika
@@ -183,3 +184,24 @@ def wait_until_blocked_or_clear(node: RabbitNode, blocked: bool, timeout: float 
         return ("memory" in listed) is state
 
     wait_for(lambda: alarm_is(blocked), timeout, 0.2, message=f"memory alarm {'raised' if blocked else 'cleared'}")
+
+
+@pytest.fixture(scope="module")
+def module_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitNode]:
+    """A node of the test module's own, started once for the module."""
+    node = RabbitNode(tmp_path_factory.mktemp("rabbit"))
+    node.start()
+    yield node
+    node.stop()
+
+
+@pytest.fixture
+def node(module_node: RabbitNode) -> Iterator[RabbitNode]:
+    """The module's node, up and without alarm at the start and at the end of each test."""
+    module_node.resume()
+    if module_node.proc is None or module_node.proc.poll() is not None:
+        module_node.start()
+    yield module_node
+    module_node.resume()
+    if module_node.proc is not None and module_node.proc.poll() is None:
+        module_node.clear_memory_alarm()

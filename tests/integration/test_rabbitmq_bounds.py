@@ -25,6 +25,7 @@ import pytest
 
 from importer.adapters.dramatiq.rabbitmq import BoundedRabbitmqBroker
 from tests.integration.rabbitmq_node import RabbitNode, wait_until_blocked_or_clear
+from tests.integration.rabbitmq_node import module_node, node  # noqa: F401 (fixtures)
 from tests.integration.support import System, wait_for
 
 pytestmark = pytest.mark.integration
@@ -33,26 +34,6 @@ pytestmark = pytest.mark.integration
 SOCKET_TIMEOUT = 2.0
 #: The README's promise: a request answers within the socket timeout + 1 s.
 REQUEST_BOUND = SOCKET_TIMEOUT + 1
-
-
-@pytest.fixture(scope="module")
-def module_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitNode]:
-    node = RabbitNode(tmp_path_factory.mktemp("rabbit"))
-    node.start()
-    yield node
-    node.stop()
-
-
-@pytest.fixture
-def node(module_node: RabbitNode) -> Iterator[RabbitNode]:
-    """The module's node, up and without alarm at the start and at the end of each test."""
-    module_node.resume()
-    if module_node.proc is None or module_node.proc.poll() is not None:
-        module_node.start()
-    yield module_node
-    module_node.resume()
-    if module_node.proc is not None and module_node.proc.poll() is None:
-        module_node.clear_memory_alarm()
 
 
 @pytest.fixture
