@@ -288,7 +288,8 @@ ROUTES: tuple[Route, ...] = (
         "operationId": "health",
         "summary": "Liveness of this HTTP process and its Redis",
         "description": (
-            "200 when the process is not closing and Redis answers PING. It does not claim a worker is free. "
+            "200 when the process is not closing, Redis answers and accepts writes, and (on RabbitMQ) the broker "
+            "takes a message; else 503 with the reason. It does not claim a worker is free. "
             "`workers` tells how many workers are live and which contract versions they accept, and whether "
             "this server's imports pass the door check (`acceptsImports`); none alive is still 200: imports "
             "are accepted and wait."

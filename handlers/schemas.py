@@ -189,7 +189,7 @@ class WorkersSchema(Schema):
 
 class HealthSchema(Schema):
     status = fields.String(required=True, validate=validate.OneOf(["ok", "unavailable"]))
-    reason = fields.String(metadata={"description": "Why the service is unavailable: 'closing' or 'redis_unreachable'."})
+    reason = fields.String(metadata={"description": "Why the service is unavailable: 'closing', 'redis_unreachable', 'redis_refuses_writes' (full, read-only, loading), 'broker_blocked' (RabbitMQ's memory or disk alarm) or 'broker_unreachable'."})
     workers = fields.Nested(WorkersSchema, metadata={"description": "With status ok: the live workers."})
 
 
