@@ -15,7 +15,7 @@ from typing import Any
 
 import dramatiq
 import redis
-from redis.backoff import NoBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.exceptions import DataError
 from redis.retry import Retry
 
@@ -26,7 +26,7 @@ from importer.adapters.dramatiq.middleware import AttemptRecorder, CloseConnecti
 from importer.adapters.dramatiq.producer import ImportQueue
 from importer.adapters.dramatiq.rabbitmq import BoundedRabbitmqBroker
 from importer.adapters.dramatiq.runner import ImportRunner, declare_import_actor
-from importer.adapters.redis.client import ImporterRedis, StoreUnavailable
+from importer.adapters.redis.client import ImporterRedis, ImporterRedisCluster, RedisClient, StoreUnavailable
 from importer.adapters.redis.store import RedisStore
 from importer.adapters.settings import Settings, SettingsError
 from importer.adapters.dramatiq.presence import WorkerPresence
@@ -88,7 +88,7 @@ class LargeValuePacker:
         return self.fast.pack(*args)  # type: ignore[no-any-return]
 
 
-def redis_client(settings: Settings) -> redis.Redis:
+def redis_client(settings: Settings) -> RedisClient:
     """A client whose every call waits at most IMPORTER_REDIS_SOCKET_TIMEOUT.
 
     A paused Redis must not hang a request or a worker thread (dramatiq's
@@ -104,6 +104,19 @@ def redis_client(settings: Settings) -> redis.Redis:
     if not settings.redis_url:
         raise SettingsError("IMPORTER_REDIS_URL is not set (only `importer dev` starts an embedded server)")
     timeout = settings.redis_socket_timeout_s
+    if settings.redis_cluster:
+        # MOVED/ASK are followed inside one call; a node that is down or a slot
+        # without a master (CLUSTERDOWN, TRYAGAIN, a failover in progress) is
+        # asked again after a fresh look at the slots, 2 more times within
+        # ~0.3 s, then the call fails as StoreUnavailable (503, an outage).
+        # A timeout is a timeout: the bound of one call stays the socket timeout.
+        return ImporterRedisCluster.from_url(
+            settings.redis_url,
+            socket_timeout=timeout,
+            socket_connect_timeout=min(timeout, 5.0),
+            retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 2),
+            health_check_interval=0,
+        )
     return ImporterRedis.from_url(
         settings.redis_url,
         socket_timeout=timeout,
@@ -149,7 +162,7 @@ def _glibc() -> Any:
 @dataclass
 class HttpSide:
     settings: Settings
-    client: redis.Redis
+    client: RedisClient
     store: RedisStore
     broker: dramatiq.Broker
     api: Api
@@ -201,6 +214,7 @@ def build_http(settings: Settings) -> HttpSide:
         body_timeout_s=settings.http_body_timeout_s,
         release_memory=release_free_memory,
         producer_version=settings.producer_version,
+        default_location=settings.default_location,
     )
     keys = KeyRing.parse(settings.api_keys)
     if not keys.entries:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from importer.domain.contract import CURRENT_VERSION, KNOWN_VERSIONS
+from importer.domain.locations import LOCATION_PATTERN, MAIN, is_valid_location
 from importer.domain.shipment import DEFAULT_MAX_ROWS
 
 
@@ -99,6 +100,11 @@ class Settings:
     #: Every key lives under this prefix. It must hold a hash tag ({...}) so
     #: that a Redis Cluster keeps all keys one Lua script touches in one slot.
     key_prefix: str = "{importer}:"
+    #: IMPORTER_REDIS_CLUSTER=1: IMPORTER_REDIS_URL names any node of a Redis
+    #: Cluster; the client finds the rest (redis-py's RedisCluster).
+    redis_cluster: bool = False
+    #: The stock location of a request that names none (domain/locations.py).
+    default_location: str = MAIN
     queue_name: str = "imports"
     #: Seconds; dramatiq's TimeLimit for one attempt.
     time_limit_s: float = 60.0
@@ -196,6 +202,8 @@ class Settings:
             redis_url=env.get("IMPORTER_REDIS_URL") or None,
             broker_url=env.get("IMPORTER_BROKER_URL") or None,
             key_prefix=env.get("IMPORTER_KEY_PREFIX") or cls.key_prefix,
+            redis_cluster=_flag(env, "IMPORTER_REDIS_CLUSTER"),
+            default_location=env.get("IMPORTER_DEFAULT_LOCATION") or cls.default_location,
             queue_name=env.get("IMPORTER_QUEUE") or cls.queue_name,
             time_limit_s=_float(env, "IMPORTER_TIME_LIMIT", cls.time_limit_s),
             heartbeat_timeout_s=_float(env, "IMPORTER_HEARTBEAT_TIMEOUT", cls.heartbeat_timeout_s),
@@ -244,6 +252,8 @@ class Settings:
             raise SettingsError(
                 f"IMPORTER_KEY_PREFIX must contain exactly one hash tag like '{{importer}}:', got {self.key_prefix!r}"
             )
+        if not is_valid_location(self.default_location):
+            raise SettingsError(f"IMPORTER_DEFAULT_LOCATION must match {LOCATION_PATTERN}, got {self.default_location!r}")
         unknown = self.accepted_versions - KNOWN_VERSIONS
         if unknown or not self.accepted_versions:
             raise SettingsError(f"IMPORTER_ACCEPTED_VERSIONS must be a non-empty subset of {sorted(KNOWN_VERSIONS)}")

@@ -29,6 +29,7 @@ from itertools import chain
 from dataclasses import dataclass
 
 from importer.domain.errors import CsvInvalid, CsvIssue
+from importer.domain.locations import MAIN, split_job_id
 
 #: The one definition of a batchId; the HTTP schemas, routes and openapi.yaml take it from here.
 BATCH_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -56,15 +57,17 @@ def is_valid_batch_id(value: object) -> bool:
     return isinstance(value, str) and _BATCH_ID.fullmatch(value) is not None
 
 
-def job_id_for(batch_id: str) -> str:
-    """The job id of a batch, as in the seed: batch ``x`` -> job ``shipment-x``."""
-    return f"shipment-{batch_id}"
+def job_id_for(batch_id: str, location: str = MAIN) -> str:
+    """The job id of a batch at a location, as in the seed: batch ``x`` -> job
+    ``shipment-x`` at the default partition, ``shipment-x@paris`` at location paris."""
+    return f"shipment-{batch_id}" if location == MAIN else f"shipment-{batch_id}@{location}"
 
 
 def batch_id_of(job_id: str) -> str | None:
     """The batchId whose job id this is (job_id_for's inverse), or None when no batch has it."""
-    batch_id = job_id.removeprefix("shipment-")
-    return batch_id if batch_id != job_id and is_valid_batch_id(batch_id) else None
+    head, _ = split_job_id(job_id)
+    batch_id = head.removeprefix("shipment-")
+    return batch_id if batch_id != head and is_valid_batch_id(batch_id) else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from importer.domain.errors import BatchConflict, BatchUnsettled, NoWorkerAccepts, RateLimited
+from importer.domain.locations import MAIN
 from importer.domain.ports import JobRecorder, MessageSender
 from importer.domain.shipment import bytes_sha256, content_key, job_id_for
 
@@ -25,13 +26,14 @@ class Accepted:
     job_id: str
     batch_id: str
     state: str
+    location: str = MAIN
 
 
 def submit_import(
     recorder: JobRecorder, sender: MessageSender, *, owner: str, batch_id: str, csv: bytes, upload_id: str, max_rows: int,
-    rate_token: bool = False,
+    rate_token: bool = False, location: str = MAIN,
 ) -> Accepted:
-    """Record the job of ``batch_id`` (once) and send its message.
+    """Record the job of ``batch_id`` at ``location`` (once) and send its message.
 
     A job whose record exists is returned as it is and nothing is sent again.
     On the Redis transport the store writes the message with the record, in
@@ -53,7 +55,7 @@ def submit_import(
     same step (an HTTP edge that took it before reading the body passes
     False); :class:`RateLimited` when it is used up, nothing recorded.
     """
-    job_id = job_id_for(batch_id)
+    job_id = job_id_for(batch_id, location)
     raw = bytes_sha256(csv)
     outcome = recorder.enqueue(
         job_id=job_id, batch_id=batch_id, owner=owner, content_sha256="", raw_sha256=raw,
@@ -68,7 +70,7 @@ def submit_import(
         key = key or content_key(csv, max_rows)
         stored = None
         if outcome.stored_upload_id:
-            stored_csv = recorder.read_upload(outcome.stored_upload_id)
+            stored_csv = recorder.read_upload(outcome.stored_upload_id, location)
             stored = (outcome.stored_upload_id, content_key(stored_csv, max_rows) if stored_csv is not None else "")
         outcome = recorder.enqueue(
             job_id=job_id, batch_id=batch_id, owner=owner, content_sha256=key,
@@ -85,7 +87,7 @@ def submit_import(
     if outcome.kind == "created" and not outcome.sent:
         sender.send(job_id=job_id, batch_id=batch_id, upload_id=upload_id)
         recorder.mark_sent(job_id)
-    return Accepted(job_id, batch_id, outcome.state)
+    return Accepted(job_id, batch_id, outcome.state, location)
 
 
 #: Calls after a 'content_needed' answer before giving up (503): each round

@@ -25,6 +25,7 @@ from importer.domain.errors import RateLimited
 from importer.domain.jobs import JobRecord
 from importer.domain.ports import JobStore, MessageSender
 from importer.domain.retry_import import retry_refusal
+from importer.domain.locations import LOCATION_PATTERN, MAIN, is_valid_location, location_of_job
 from importer.domain.shipment import BATCH_ID_PATTERN, is_valid_batch_id
 from importer.domain.submit_import import submit_import
 from importer.handlers.answers import RETRY_AFTER_UNAVAILABLE_S, retry_after
@@ -93,6 +94,8 @@ class Api:
     release_memory: Callable[[], None] = lambda: None
     #: The contract version this process's messages carry (IMPORTER_PRODUCER_VERSION), for /health.
     producer_version: int = CURRENT_VERSION
+    #: The stock location of a request that names none (IMPORTER_DEFAULT_LOCATION).
+    default_location: str = MAIN
 
 
 def _time(ms: int | None) -> datetime | None:
@@ -113,6 +116,7 @@ def job_status(record: JobRecord) -> dict[str, Any]:
     payload = {
         "id": record.id,
         "batchId": record.batch_id,
+        "location": location_of_job(record.id),
         "state": record.state,
         "attempt": record.attempt,
         "progress": record.progress,
@@ -131,8 +135,22 @@ def job_status(record: JobRecord) -> dict[str, Any]:
     return dumped
 
 
-def _read_enqueue_body(req: Request) -> tuple[str, bytes]:
-    """(batchId, CSV bytes) from a JSON body or a raw text/csv body with ?batchId=."""
+def request_location(api: Api, req: Request, given: object = None) -> str:
+    """The stock location a request names (?location=, or ``given``: the JSON
+    body's field), else the default one; 400 request.invalid for a bad one."""
+    query = req.query.get("location")
+    if given is not None and query is not None and query != given:
+        raise ApiError("request.invalid", instance=req.path, extra={"fields": {"location": ["The query location differs from the body's."]}})
+    location = given if given is not None else query
+    if location is None:
+        return api.default_location
+    if not is_valid_location(location):
+        raise ApiError("request.invalid", instance=req.path, extra={"fields": {"location": [f"Must match {LOCATION_PATTERN}."]}})
+    return str(location)
+
+
+def _read_enqueue_body(api: Api, req: Request) -> tuple[str, bytes, str]:
+    """(batchId, CSV bytes, location) from a JSON body or a raw text/csv body with ?batchId= (and ?location=)."""
     content_type = req.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "application/json":
         try:
@@ -145,12 +163,12 @@ def _read_enqueue_body(req: Request) -> tuple[str, bytes]:
             raise ApiError("request.invalid", instance=req.path, extra={"fields": _field_errors(err)}) from None
         if "batchId" in req.query and req.query["batchId"] != loaded["batchId"]:
             raise ApiError("request.invalid", instance=req.path, extra={"fields": {"batchId": ["The query batchId differs from the body's."]}})
-        return loaded["batchId"], loaded["csv"].encode()
+        return loaded["batchId"], loaded["csv"].encode(), request_location(api, req, loaded.get("location"))
     if content_type in ("text/csv", "application/csv"):
         batch_id = req.query.get("batchId", "")
         if not is_valid_batch_id(batch_id):
             raise ApiError("request.invalid", instance=req.path, extra={"fields": {"batchId": [f"Must match {BATCH_ID_PATTERN}."]}})
-        return batch_id, req.body
+        return batch_id, req.body, request_location(api, req)
     raise ApiError("request.unsupported_media_type", instance=req.path)
 
 
@@ -194,16 +212,16 @@ def take_rate_token(api: Api, req: Request) -> None:
 
 def enqueue(api: Api, req: Request) -> Response:
     """POST /api/imports: the use case "take an upload" (importer.domain.submit_import)."""
-    batch_id, csv = _read_enqueue_body(req)
+    batch_id, csv, location = _read_enqueue_body(api, req)
     if len(csv) > api.max_upload_bytes:
         raise ApiError("request.too_large", instance=req.path)
     accepted = submit_import(
         api.store, api.sender, owner=req.owner or "", batch_id=batch_id, csv=csv,
-        upload_id=api.uuidgen(), max_rows=api.max_rows, rate_token=rate_token_with_enqueue(req),
+        upload_id=api.uuidgen(), max_rows=api.max_rows, rate_token=rate_token_with_enqueue(req), location=location,
     )
-    # JobAcceptedSchema's three strings, as its dump() gives them (tests/unit/test_http_handlers.py
+    # JobAcceptedSchema's strings, as its dump() gives them (tests/unit/test_http_handlers.py
     # holds the two to the same bytes), without the schema machinery on every POST.
-    body = {"jobId": accepted.job_id, "batchId": accepted.batch_id, "state": accepted.state}
+    body = {"jobId": accepted.job_id, "batchId": accepted.batch_id, "location": location, "state": accepted.state}
     return json_response(202, body, (("Location", f"/api/imports/{accepted.job_id}"),))
 
 
@@ -219,11 +237,13 @@ def get_import(api: Api, req: Request) -> Response:
 
 def get_shipment(api: Api, req: Request) -> Response:
     """GET /api/shipments/{batchId}: the durable history of one of the caller's batches."""
-    record = api.store.get_owned_shipment(req.path_params["batchId"], req.owner) if req.owner else None
+    location = request_location(api, req)
+    record = api.store.get_owned_shipment(req.path_params["batchId"], req.owner, location) if req.owner else None
     if record is None:
         raise ApiError("shipment.not_found")
     payload = {
         "batchId": record.batch_id,
+        "location": location,
         "state": "applied",
         "appliedAt": _time(record.applied_at_ms),
         "result": record.result,

@@ -11,9 +11,10 @@ import binascii
 import re
 
 from importer.domain.errors import JobNotFound, RateLimited
+from importer.domain.locations import location_of_job
 from importer.domain.retry_import import retry_import
 from importer.handlers.answers import RETRY_AFTER_STREAM_SLOT_S, retry_after
-from importer.handlers.api import Api, job_status
+from importer.handlers.api import Api, job_status, request_location
 from importer.handlers.event_stream import STREAM_ID, JobEventStream
 from importer.handlers.http import Request, Response, json_response
 from importer.handlers.problems import ApiError
@@ -58,7 +59,8 @@ def list_imports(api: Api, req: Request) -> Response:
             errors["cursor"] = ["Not a cursor from a previous page's nextCursor."]
     if errors:
         raise ApiError("request.invalid", instance=req.path, extra={"fields": errors})
-    records, position = api.store.list_jobs(req.owner or "", limit=limit, state=state, after=after)
+    location = request_location(api, req) if "location" in req.query else None  # None: every location
+    records, position = api.store.list_jobs(req.owner or "", limit=limit, state=state, after=after, location=location)
     payload = {
         "items": [job_status(record) for record in records],
         "nextCursor": encode_cursor(position) if position is not None else None,
@@ -113,5 +115,8 @@ def retry(api: Api, req: Request) -> Response:
         )
     except JobNotFound:
         raise ApiError("job.not_found") from None  # no instance member: the same bytes as GET's
-    body = {"jobId": accepted.job_id, "batchId": accepted.batch_id, "state": accepted.state}
+    body = {
+        "jobId": accepted.job_id, "batchId": accepted.batch_id, "location": location_of_job(accepted.job_id),
+        "state": accepted.state,
+    }
     return json_response(202, body, (("Location", f"/api/imports/{accepted.job_id}"),))

@@ -20,9 +20,10 @@ import logging
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 
+from importer.domain.locations import location_of_job
 from importer.domain.ports import ReceiptStore
 from importer.domain.receipt import StoredReceipt, stored_lines, whole_lines
-from importer.handlers.api import Api
+from importer.handlers.api import Api, request_location
 from importer.handlers.http import Request, Response
 from importer.handlers.problems import ApiError
 from importer.handlers.schemas import ReceiptSchema
@@ -131,7 +132,10 @@ class ReceiptStream:
         yield stored.head
         position = len(stored.head)
         while position < stored.size:
-            piece = self.store.read_receipt(stored.shipment.batch_id, position, min(RECEIPT_CHUNK, stored.size - position))
+            piece = self.store.read_receipt(
+                stored.shipment.batch_id, position, min(RECEIPT_CHUNK, stored.size - position),
+                location_of_job(stored.shipment.job_id),
+            )
             if not piece:
                 raise ValueError("the stored receipt is shorter than its length")
             position += len(piece)
@@ -159,7 +163,8 @@ def get_receipt(api: Api, req: Request) -> Response:
     if media_type is None:
         raise ApiError("request.not_acceptable")
     batch_id = req.path_params["batchId"]
-    stored = api.store.get_owned_receipt(batch_id, req.owner, RECEIPT_CHUNK) if req.owner else None
+    location = request_location(api, req)
+    stored = api.store.get_owned_receipt(batch_id, req.owner, RECEIPT_CHUNK, location) if req.owner else None
     if stored is None:
         raise ApiError("shipment.not_found")  # the same bytes as GET /api/shipments/{batchId}
     if stored.size == 0:

@@ -15,6 +15,7 @@ from typing import Any
 from importer.domain.shipment import BATCH_ID_PATTERN
 from importer.handlers import api as h
 from importer.handlers import console, my_imports, receipts, rejections
+from importer.handlers.schemas import LOCATION_PARAMETER
 from importer.handlers.answers import answer_for
 from importer.handlers.auth import KeyRing, bearer_token
 from importer.handlers.http import Request, Response, problem_of
@@ -57,7 +58,8 @@ ROUTES: tuple[Route, ...] = (
         "operationId": "enqueueImport",
         "summary": "Send a CSV shipment to be applied to stock exactly once",
         "description": (
-            "Stores the upload, records the job (id `shipment-<batchId>`) and queues it. "
+            "Stores the upload, records the job (id `shipment-<batchId>`, or `shipment-<batchId>@<location>` "
+            "at a location other than main) and queues it. "
             "Sending a batchId whose job record still exists returns that job again and queues nothing. "
             "Send JSON `{batchId, csv}` or the raw CSV as text/csv with `?batchId=`."
         ),
@@ -65,6 +67,9 @@ ROUTES: tuple[Route, ...] = (
             "name": "batchId", "in": "query", "required": False,
             "description": "Required with text/csv bodies; with a JSON body it may be given and must then equal the body's batchId.",
             "schema": {"type": "string", "pattern": BATCH_ID_PATTERN},
+        }, {
+            **LOCATION_PARAMETER,
+            "description": "The stock location; with a JSON body it may be given there instead (both: they must be equal).",
         }, {
             "name": "Content-Digest", "in": "header", "required": False,
             "description": (
@@ -116,6 +121,7 @@ ROUTES: tuple[Route, ...] = (
              "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}},
             {"name": "cursor", "in": "query", "required": False,
              "description": "The nextCursor of the previous page (opaque).", "schema": {"type": "string"}},
+            {**LOCATION_PARAMETER, "description": "Only imports at this stock location (default: every location)."},
         ],
         "responses": {
             "200": {"description": "One page.", "content": {"application/json": {"schema": "JobList"}}},
@@ -251,7 +257,9 @@ ROUTES: tuple[Route, ...] = (
             "Answers from the done marker, which retention never removes: correct forever, "
             "even after the job record is gone."
         ),
-        "parameters": [{"name": "batchId", "in": "path", "required": True, "schema": {"type": "string"}}],
+        "parameters": [
+            {"name": "batchId", "in": "path", "required": True, "schema": {"type": "string"}}, LOCATION_PARAMETER,
+        ],
         "responses": {
             "200": {"description": "The batch was applied.", "content": {"application/json": {"schema": "Shipment"}}},
         },
@@ -267,7 +275,9 @@ ROUTES: tuple[Route, ...] = (
             "gives CSV (`sku,before,after`); any other explicit Accept gets 406 request.not_acceptable. "
             "Large receipts are streamed (no Content-Length)."
         ),
-        "parameters": [{"name": "batchId", "in": "path", "required": True, "schema": {"type": "string"}}],
+        "parameters": [
+            {"name": "batchId", "in": "path", "required": True, "schema": {"type": "string"}}, LOCATION_PARAMETER,
+        ],
         "responses": {
             "200": {
                 "description": "The receipt.",

@@ -7,6 +7,7 @@ import re
 from marshmallow import RAISE, Schema, ValidationError, fields, validate
 
 from importer.domain.jobs import JobState
+from importer.domain.locations import LOCATION_PATTERN, LOCATION_RULE, is_valid_location
 from importer.domain.shipment import BATCH_ID_PATTERN, BATCH_ID_RULE, is_valid_batch_id
 
 _JOB_STATES = [state.value for state in JobState]
@@ -16,6 +17,34 @@ def _batch_id(value: str) -> None:
     # fullmatch semantics: validate.Regexp's re.match lets "$" accept a trailing newline.
     if not is_valid_batch_id(value):
         raise ValidationError(BATCH_ID_RULE)
+
+
+def _location(value: str) -> None:
+    if not is_valid_location(value):
+        raise ValidationError(LOCATION_RULE)
+
+
+#: A stock location, as every schema and query parameter documents it.
+LOCATION_METADATA = {
+    "pattern": LOCATION_PATTERN,
+    "description": (
+        "The stock location (warehouse, store) the shipment is for; the deployment's default "
+        "(IMPORTER_DEFAULT_LOCATION, 'main') when not given. A batchId names one shipment of one location."
+    ),
+    "example": "main",
+}
+
+
+#: ?location= of the routes that take one (handlers/routes.py).
+LOCATION_PARAMETER: dict[str, object] = {
+    "name": "location", "in": "query", "required": False,
+    "description": "The stock location (default: the deployment's, IMPORTER_DEFAULT_LOCATION, 'main').",
+    "schema": {"type": "string", "pattern": LOCATION_PATTERN},
+}
+
+
+def location_field(required: bool) -> fields.String:
+    return fields.String(required=required, validate=_location if not required else None, metadata=LOCATION_METADATA)
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -41,6 +70,7 @@ class EnqueueRequestSchema(Schema):
         "description": "The CSV text: header 'sku,quantity', then one row per SKU.",
         "example": "sku,quantity\nWIDGET-RED-01,10\n",
     })
+    location = location_field(required=False)
 
 
 JOB_STATES = ("waiting", "active", "retrying", "completed", "failed")
@@ -49,6 +79,7 @@ JOB_STATES = ("waiting", "active", "retrying", "completed", "failed")
 class JobAcceptedSchema(Schema):
     jobId = fields.String(required=True, metadata={"example": "shipment-shipment-a-2026"})
     batchId = fields.String(required=True, metadata={"example": "shipment-a-2026"})
+    location = location_field(required=True)
     state = fields.String(required=True, validate=validate.OneOf(_JOB_STATES))
 
 
@@ -95,6 +126,7 @@ class JobErrorSchema(Schema):
 class JobStatusSchema(Schema):
     id = fields.String(required=True, metadata={"example": "shipment-shipment-a-2026"})
     batchId = fields.String(required=True)
+    location = location_field(required=True)
     state = fields.String(required=True, validate=validate.OneOf(_JOB_STATES))
     attempt = fields.Integer(required=True, metadata={
         "description": "The current attempt (1-based; 0 before the first). progress always belongs to this attempt.",
@@ -145,6 +177,7 @@ class JobEventSchema(Schema):
 
 class ShipmentSchema(Schema):
     batchId = fields.String(required=True, metadata={"example": "shipment-a-2026"})
+    location = location_field(required=True)
     state = fields.String(required=True, validate=validate.OneOf(["applied"]))
     appliedAt = fields.DateTime(required=True)
     result = fields.Nested(ResultSchema, required=True)

@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 import redis
 
+from importer.adapters.redis.client import RedisClient
 from importer.adapters.logs import log_event
 from importer.adapters.redis.records import event_dict, text_of, xread_entries
 
@@ -40,7 +41,7 @@ def format_line(event: dict[str, Any]) -> str:
 class EventsObserver:
     def __init__(
         self,
-        client: redis.Redis,
+        client: RedisClient,
         events_key: str,
         out: TextIO,
         *,

@@ -10,6 +10,7 @@ from importer.adapters.redis.base import RedisStoreBase
 from importer.adapters.redis.client import store_errors
 from importer.adapters.redis.records import QueueAck, error_json, report_json, text_of
 from importer.domain.errors import PublicError
+from importer.domain.locations import MAIN
 from importer.domain.ports import ApplyResult, StartedAttempt, StartOutcome
 from importer.domain.shipment import Shipment
 from importer.domain.stock import MAX_STOCK
@@ -21,7 +22,7 @@ class AttemptSteps(RedisStoreBase):
 
     def _job_step(self, job_id: str) -> tuple[list[Any], list[Any]]:
         """The KEYS and ARGV that start, apply and fail share (common.lua, "Job steps")."""
-        k, s = self.keys, self.settings
+        k, s = self.partition_of(job_id), self.settings
         return (
             [k.job(job_id), k.events, k.active, k.failed, k.stats],
             [
@@ -32,7 +33,7 @@ class AttemptSteps(RedisStoreBase):
 
     def _start_args(self, job_id: str, upload_id: str) -> tuple[list[Any], list[Any]]:
         """start.lua's KEYS and ARGV."""
-        k, s = self.keys, self.settings
+        k, s = self.partition_of(job_id), self.settings
         keys, args = self._job_step(job_id)
         keys += [k.upload(upload_id), k.waiting, k.unsent, k.deadline, k.fence]
         args += [
@@ -69,7 +70,7 @@ class AttemptSteps(RedisStoreBase):
         self, *, job_id: str, upload_id: str, attempt: int, batch_id: str, owner: str, shipment: Shipment, token: str,
     ) -> tuple[list[Any], list[Any]]:
         """apply.lua's KEYS and ARGV."""
-        k, s = self.keys, self.settings
+        k, s = self.partition_of(job_id), self.settings
         progress = '{"phase":"validated","rows":%d}' % shipment.row_count
         keys, args = self._job_step(job_id)
         keys += [
@@ -128,13 +129,15 @@ class AttemptSteps(RedisStoreBase):
         apply_keys, apply_args = self._apply_args(
             job_id=job_id, upload_id=upload_id, attempt=0, batch_id=batch_id, owner="", shipment=shipment, token="",
         )
-        k = self.keys
+        k = self.partition_of(job_id)
         keys = [*start_keys, *apply_keys[5:]]
         if ack is not None:
+            # The ack's keys are in the queue's slot, main's: fetch.lua brings uploads of main's jobs only.
+            assert k.location == MAIN, "a message's ack is made in the step only for a job of main"
             keys += [ack.acks_key, ack.messages_key, ack.heartbeats_key]
             args = [*start_args, ack.redis_message_id, ack.worker_id, int(time.time() * 1000), *apply_args[8:]]
         else:
-            keys += [k.dramatiq, k.dramatiq, k.dramatiq]  # not touched
+            keys += [k.job(job_id)] * 3  # not touched (any key of the job's slot)
             args = [*start_args, "", "", 0, *apply_args[8:]]
         with store_errors():
             started_reply, applied_reply, acked = self._script("start_apply", keys=keys, args=args)
@@ -155,7 +158,7 @@ class AttemptSteps(RedisStoreBase):
         keys, args = self._job_step(job_id)
         with store_errors():
             reply = self._script("fail",
-                keys=[*keys, self.keys.deadline, self.keys.rejections(job_id)],
+                keys=[*keys, self.partition_of(job_id).deadline, self.partition_of(job_id).rejections(job_id)],
                 args=[
                     *args, "" if attempt is None else attempt, "auto" if final is None else ("1" if final else "0"),
                     json.dumps(error.to_dict(), separators=(",", ":")), diagnostic[:4000],

@@ -7,11 +7,12 @@ from typing import Any
 
 import redis
 
-from importer.adapters.redis.client import ImporterRedis
+from importer.adapters.redis.client import ImporterRedis, RedisClient, store_errors
 from importer.adapters.redis.keys import Keys
-from importer.adapters.redis.records import MessageWriter
+from importer.adapters.redis.records import MessageWriter, text_of
 from importer.adapters.redis.scripts import SCRIPT_NAMES, lua_source
 from importer.adapters.settings import Settings
+from importer.domain.locations import MAIN, location_of_job
 
 
 class RedisStoreBase:
@@ -25,14 +26,33 @@ class RedisStoreBase:
     """
 
     def __init__(
-        self, client: redis.Redis, settings: Settings, *, clock_ms: Callable[[], int], messages: MessageWriter | None = None
+        self, client: RedisClient, settings: Settings, *, clock_ms: Callable[[], int], messages: MessageWriter | None = None
     ) -> None:
         self.client = client
         self.settings = settings
+        #: The control partition's keys: location main's, and what spans locations.
         self.keys = Keys(settings.key_prefix)
+        self._partitions: dict[str, Keys] = {MAIN: self.keys}
         self._now = clock_ms
         self.messages = messages
         self._scripts = {name: client.register_script(lua_source(name)) for name in SCRIPT_NAMES}
+
+    def partition(self, location: str) -> Keys:
+        """The keys of a location's partition (domain/locations.py): one hash tag, one slot."""
+        keys = self._partitions.get(location)
+        if keys is None:
+            keys = self._partitions[location] = Keys(self.settings.key_prefix, location)
+        return keys
+
+    def partition_of(self, job_id: str) -> Keys:
+        """The keys of the partition that holds this job (its id names the location)."""
+        return self.partition(location_of_job(job_id))
+
+    def locations(self) -> list[str]:
+        """main and every location that ever had a job (the control partition's registry), sorted."""
+        with store_errors():
+            others = self.client.smembers(self.keys.locations)
+        return [MAIN, *sorted(text_of(v) for v in others if text_of(v) != MAIN)]
 
     def _script(self, name: str, *, keys: list[Any], args: list[Any]) -> Any:
         """One script call: on the calling thread's own connection when the

@@ -22,6 +22,10 @@ from typing import Any
 import redis
 
 
+#: The store's client: one node, or a Redis Cluster (IMPORTER_REDIS_CLUSTER).
+RedisClient = redis.Redis | redis.RedisCluster
+
+
 class StoreError(Exception):
     """Base of the store's errors."""
 
@@ -172,6 +176,22 @@ class ImporterRedis(redis.Redis):
         self._own = threading.local()
         self._own_lock = threading.Lock()
         self._own_connections = []
+
+
+class ImporterRedisCluster(redis.RedisCluster):
+    """The store's client on a Redis Cluster (IMPORTER_REDIS_CLUSTER=1): redis-py's
+    RedisCluster (slots discovered from any one node, MOVED and ASK followed),
+    with a sick node's refusals raised as ConnectionErrors, as ImporterRedis does.
+    Scripts run through redis-py's Script (EVALSHA routed by their keys' slot)."""
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().execute_command(*args, **kwargs)
+        except redis.ResponseError as exc:
+            refused = _refusal(exc)
+            if refused is exc:
+                raise
+            raise refused from exc
 
 
 _FORKED_CLIENTS: "weakref.WeakSet[ImporterRedis]" = weakref.WeakSet()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import redis
 
+from importer.adapters.redis.client import RedisClient
 from importer.adapters.logs import log_event
 
 log = logging.getLogger("importer")
@@ -35,7 +36,7 @@ class RedisReport:
         return "+".join(modes) if modes else ("none" if self.rdb_save == "" else "unknown")
 
 
-def inspect_redis(client: redis.Redis) -> RedisReport:
+def inspect_redis(client: RedisClient) -> RedisReport:
     """Reads INFO (which managed services allow even where CONFIG is disabled)."""
     server = client.info("server")
     memory = client.info("memory")
@@ -52,7 +53,7 @@ def inspect_redis(client: redis.Redis) -> RedisReport:
     )
 
 
-def guard(client: redis.Redis, *, allow_eviction: bool, process: str) -> RedisReport | None:
+def guard(client: RedisClient, *, allow_eviction: bool, process: str) -> RedisReport | None:
     """Refuse (EvictionPolicyError) unless noeviction, or warn loudly with the override.
 
     Returns None when Redis cannot be reached now: the process starts and

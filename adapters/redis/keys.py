@@ -2,6 +2,19 @@
 
 from __future__ import annotations
 
+from importer.domain.locations import MAIN
+
+
+def location_prefix(prefix: str, location: str) -> str:
+    """The key prefix of a location's partition: its own hash tag, so one
+    script's keys are always in one Redis Cluster slot. The partition of
+    ``main`` is the prefix itself (a single-location install's keys, as they
+    always were); ``{importer}:`` + paris -> ``{importer@paris}:``."""
+    if location == MAIN:
+        return prefix
+    close = prefix.index("}")
+    return f"{prefix[:close]}@{location}{prefix[close:]}"
+
 
 class Keys:
     """Every key name, under one hash-tagged prefix: the one place they are made.
@@ -10,8 +23,11 @@ class Keys:
     only discover inside (see the layout in adapters/lua/common.lua).
     """
 
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
+    def __init__(self, prefix: str, location: str = MAIN) -> None:
+        #: The location this partition holds; the control keys (workers, rate,
+        #: the locations registry, dramatiq's namespace) are main's (a partition's own are unused).
+        self.location = location
+        self.prefix = prefix = location_prefix(prefix, location)
         self.stock = f"{prefix}stock"
         self.generation = f"{prefix}generation"
         self.journal = f"{prefix}journal"
@@ -35,6 +51,9 @@ class Keys:
         #: [door] live workers: P:workers (id -> expiry ms), P:workers:accepts (id -> "1,2").
         self.workers = f"{prefix}workers"
         self.workers_accepts = f"{prefix}workers:accepts"
+        #: [control] set: every location but main that ever had a job (the reconciler,
+        #: the observer and /metrics go over them).
+        self.locations = f"{prefix}locations"
 
     def job(self, job_id: str) -> str:
         return f"{self.prefix}job:{job_id}"
@@ -58,6 +77,10 @@ class Keys:
     def owner_jobs(self, owner: str) -> str:
         """zset jobId -> createdAt: one owner's job records (GET /api/imports)."""
         return f"{self.prefix}jobs:owner:{owner}"
+
+    def owner_locations(self, owner: str) -> str:
+        """[control] set: the locations but main where ``owner`` has job records (GET /api/imports)."""
+        return f"{self.prefix}locations:owner:{owner}"
 
     def job_events(self, job_id: str) -> str:
         """stream: one job's events, under the same ids as in P:events."""

@@ -10,7 +10,9 @@ from importer.adapters.redis.records import (
     bytes_of, event_dict, job_record, json_or_none, rejection_report, scored_members, shipment_record, text_of,
     xread_entries,
 )
+from importer.adapters.redis.keys import Keys
 from importer.domain.jobs import JobRecord, JobState, RejectionReport, ShipmentRecord
+from importer.domain.locations import MAIN
 from importer.domain.receipt import StoredReceipt
 
 
@@ -26,18 +28,18 @@ class JobReads(RedisStoreBase):
 
     def get_owned_job(self, job_id: str, owner: str) -> JobRecord | None:
         """The job record, or None when it is missing or another owner's (the same work for both)."""
-        raw = self._owned(self.keys.job(job_id), owner)
+        raw = self._owned(self.partition_of(job_id).job(job_id), owner)
         return job_record(raw) if raw else None
 
-    def get_owned_shipment(self, batch_id: str, owner: str) -> ShipmentRecord | None:
-        """The done marker, or None when the batch was never applied or is another owner's."""
-        raw = self._owned(self.keys.done(batch_id), owner)
+    def get_owned_shipment(self, batch_id: str, owner: str, location: str = MAIN) -> ShipmentRecord | None:
+        """The done marker, or None when the batch was never applied at the location or is another owner's."""
+        raw = self._owned(self.partition(location).done(batch_id), owner)
         return shipment_record(raw) if raw else None
 
-    def get_owned_receipt(self, batch_id: str, owner: str, head_bytes: int) -> StoredReceipt | None:
+    def get_owned_receipt(self, batch_id: str, owner: str, head_bytes: int, location: str = MAIN) -> StoredReceipt | None:
         """The batch's receipt with its done marker and first ``head_bytes`` bytes, or None when the
         batch was never applied or is another owner's (read_receipt.lua: the same work for both)."""
-        k = self.keys
+        k = self.partition(location)
         with store_errors():
             reply = self._script("read_receipt", keys=[k.done(batch_id), k.receipt(batch_id)], args=[owner, max(1, head_bytes)])
         if not reply:
@@ -45,11 +47,11 @@ class JobReads(RedisStoreBase):
         flat, size, head = reply
         return StoredReceipt(shipment_record(dict(zip(flat[::2], flat[1::2]))), int(size), bytes(head))
 
-    def read_receipt(self, batch_id: str, start: int, length: int) -> bytes:
+    def read_receipt(self, batch_id: str, start: int, length: int, location: str = MAIN) -> bytes:
         """Bytes ``start`` to ``start + length`` of a receipt (GETRANGE), after get_owned_receipt
         answered it for its owner: a receipt is written once with its done marker and never rewritten."""
         with store_errors():
-            return bytes_of(self.client.getrange(self.keys.receipt(batch_id), start, start + length - 1))
+            return bytes_of(self.client.getrange(self.partition(location).receipt(batch_id), start, start + length - 1))
 
     def get_owned_rejections(self, job_id: str, owner: str) -> tuple[str, RejectionReport | None] | None:
         """The job's state and rejection report (None: it has none), or None when
@@ -57,7 +59,7 @@ class JobReads(RedisStoreBase):
 
         A report exists only for a job that failed CSV validation: its error
         names the report (``rejections``) and fail.lua wrote it in the same step."""
-        k = self.keys
+        k = self.partition_of(job_id)
         with store_errors():
             reply = self._script("read_rejections", keys=[k.job(job_id), k.rejections(job_id)], args=[owner])
         if not reply:
@@ -70,14 +72,48 @@ class JobReads(RedisStoreBase):
     def get_job(self, job_id: str) -> JobRecord | None:
         """Whoever owns it: for operators (``importer inspect``). The API reads get_owned_job."""
         with store_errors():
-            raw = self.client.hgetall(self.keys.job(job_id))
+            raw = self.client.hgetall(self.partition_of(job_id).job(job_id))
         return job_record(raw) if raw else None
 
     def list_jobs(
         self, owner: str, *, limit: int, state: str | None = None, after: tuple[int, str] | None = None,
-        scan_limit: int = 1000,
+        scan_limit: int = 1000, location: str | None = None,
     ) -> tuple[list[JobRecord], tuple[int, str] | None]:
-        """One page of the owner's job records, newest first (createdAt, then jobId, descending).
+        """One page of the owner's job records at ``location``, or at every
+        location the owner has jobs at (None), newest first (createdAt, then
+        jobId, descending); as :meth:`_list_partition` says.
+
+        Across locations: one page is read from each of the owner's partitions
+        (main's and those in the owner's locations registry) and merged. A
+        partition that stopped early (its scan limit, or its page full) knows
+        nothing past where it stopped, so the merged page ends there too (the
+        newest such position): no record is ever skipped or shown twice, since
+        the position (createdAt, jobId) orders every partition alike.
+        """
+        if location is not None:
+            return self._list_partition(self.partition(location), owner, limit, state, after, scan_limit)
+        with store_errors():
+            others = sorted(text_of(v) for v in self.client.smembers(self.keys.owner_locations(owner)))
+        if not others:
+            return self._list_partition(self.keys, owner, limit, state, after, scan_limit)
+        pages = [
+            self._list_partition(self.partition(loc), owner, limit, state, after, scan_limit)
+            for loc in [MAIN, *(o for o in others if o != MAIN)]
+        ]
+        stops = [stop for _, stop in pages if stop is not None]
+        frontier = max(stops) if stops else None
+        merged = sorted((r for records, _ in pages for r in records), key=lambda r: (r.created_at_ms, r.id), reverse=True)
+        if frontier is not None:
+            merged = [r for r in merged if (r.created_at_ms, r.id) >= frontier]
+        page = merged[:limit]
+        if len(merged) > limit:
+            return page, (page[-1].created_at_ms, page[-1].id)
+        return page, frontier
+
+    def _list_partition(
+        self, k: Keys, owner: str, limit: int, state: str | None, after: tuple[int, str] | None, scan_limit: int,
+    ) -> tuple[list[JobRecord], tuple[int, str] | None]:
+        """One page of the owner's job records in one partition, newest first (createdAt, then jobId, descending).
 
         ``after`` is the position (createdAt ms, jobId) the previous page ended
         on. Returns the records and the position to continue after, or None at
@@ -85,7 +121,7 @@ class JobReads(RedisStoreBase):
         filter by state that matches few records may return a short (even
         empty) page with a position to continue from.
         """
-        key = self.keys.owner_jobs(owner)
+        key = k.owner_jobs(owner)
         chunk = min(max(limit * 2, 50), scan_limit)
         max_score: int | str = "+inf" if after is None else after[0]
         records: list[JobRecord] = []
@@ -100,7 +136,7 @@ class JobReads(RedisStoreBase):
                     entries = [(m, sc) for m, sc in entries if sc < after[0] or (sc == after[0] and m < after[1])]
                 pipe = self.client.pipeline(transaction=False)
                 for job_id, _ in entries:
-                    pipe.hgetall(self.keys.job(job_id))
+                    pipe.hgetall(k.job(job_id))
                 raws = pipe.execute() if entries else []
                 for i, ((job_id, score), raw) in enumerate(zip(entries, raws)):
                     scanned += 1
@@ -125,7 +161,7 @@ class JobReads(RedisStoreBase):
         must stay below the client's socket timeout (10 s).
         """
 
-        key = self.keys.job_events(job_id)
+        key = self.partition_of(job_id).job_events(job_id)
         with store_errors():
             if block_ms:
                 reply = self.client.xread({key: after_id}, count=100, block=block_ms)
@@ -136,4 +172,4 @@ class JobReads(RedisStoreBase):
     def get_diagnostic(self, job_id: str) -> str:
         """Operators only (``importer inspect``): never shown by the API."""
         with store_errors():
-            return text_of(self.client.hget(self.keys.job(job_id), "diagnostic"))
+            return text_of(self.client.hget(self.partition_of(job_id).job(job_id), "diagnostic"))

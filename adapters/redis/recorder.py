@@ -9,6 +9,7 @@ from importer.adapters.redis.client import store_errors
 from importer.adapters.redis.records import bytes_of, parse_versions, text_of
 from importer.domain.jobs import JobState
 from importer.domain.ports import EnqueueOutcome, RetryOutcome
+from importer.domain.locations import MAIN
 from importer.domain.shipment import batch_id_of
 
 
@@ -21,11 +22,19 @@ class JobRecorder(RedisStoreBase):
         self, *, job_id: str, batch_id: str, owner: str, content_sha256: str, upload_id: str, csv: bytes,
         raw_sha256: str = "", stored_content: tuple[str, str] | None = None, rate_token: bool = False,
     ) -> EnqueueOutcome:
-        k, s = self.keys, self.settings
+        k, s = self.partition_of(job_id), self.settings
         now = self._now()
         # The owner's rate-limit token, in the script's first step (rate_token), as take_rate_token takes it.
         window_ms = max(1, int(s.rate_window_s * 1000))
         rate_limit = s.rate_limit if rate_token and s.rate_limit > 0 else 0
+        if k.location != MAIN:
+            # Another partition: the rate token and the door check first, in the control partition's step.
+            refused = self._admit(owner, k.location, rate_limit, window_ms, now)
+            if refused is not None:
+                return refused
+            rate_limit = 0
+        # At a location but main, the door keys below are the partition's own,
+        # where no worker announces itself: enqueue.lua's door stays open.
         keys = [
             k.job(job_id), k.upload(upload_id), k.done(batch_id), k.unsent, k.waiting, k.events, k.owner_jobs(owner),
             k.workers, k.workers_accepts, k.workers_accepting(s.producer_version), k.rate(owner, now // window_ms),
@@ -34,7 +43,7 @@ class JobRecorder(RedisStoreBase):
             job_id, batch_id, owner, content_sha256, upload_id, now, csv, s.events_maxlen, s.producer_version,
             rate_limit, window_ms * 2, raw_sha256, *(stored_content or ("", "")),
         ]
-        if self.messages is not None:
+        if self.messages is not None and k.location == MAIN:  # the queue is in main's slot
             message = self.messages(job_id, batch_id, upload_id)
             keys += [message.queue_key, message.messages_key, k.deadline]
             args += [message.redis_message_id, message.data, int(s.waiting_grace_s * 1000)]
@@ -55,13 +64,40 @@ class JobRecorder(RedisStoreBase):
             return EnqueueOutcome("content_needed", stored_upload_id=text_of(reply[1]))
         return EnqueueOutcome("conflict")
 
+    def _admit(self, owner: str, location: str, rate_limit: int, window_ms: int, now: int) -> EnqueueOutcome | None:
+        """admit.lua in the control partition: the owner's rate token, the door
+        check and the locations registries; None when the POST may go on."""
+        k, s = self.keys, self.settings
+        with store_errors():
+            reply = self._script("admit",
+                keys=[
+                    k.rate(owner, now // window_ms), k.workers, k.workers_accepts,
+                    k.workers_accepting(s.producer_version), k.locations, k.owner_locations(owner),
+                ],
+                args=[rate_limit, window_ms * 2, s.producer_version, location],
+            )
+        kind = text_of(reply[0])
+        if kind == "rate_limited":
+            return EnqueueOutcome("rate_limited", retry_after_ms=window_ms - now % window_ms)
+        if kind == "no_worker":
+            return EnqueueOutcome(
+                "no_worker", producer_version=s.producer_version, workers_accept=parse_versions(text_of(reply[1]))
+            )
+        return None
+
     def retry_job(self, *, job_id: str, owner: str, upload_id: str, retryable: frozenset[str]) -> RetryOutcome:
         """Retry the owner's failed job in one script call (retry.lua); on the
         Redis transport its message is written in the same call."""
         batch_id = batch_id_of(job_id)
         if batch_id is None:
             return RetryOutcome("missing")  # no batch has this job id: no record can have it
-        k, s = self.keys, self.settings
+        k, s = self.partition_of(job_id), self.settings
+        if k.location != MAIN:
+            refused = self._admit(owner, k.location, 0, 1, self._now())
+            if refused is not None:
+                return RetryOutcome(
+                    "no_worker", producer_version=refused.producer_version, workers_accept=refused.workers_accept,
+                )
         keys = [
             k.job(job_id), k.upload(upload_id), k.failed, k.failed_of(owner), k.waiting, k.unsent, k.events, k.deadline,
             k.workers, k.workers_accepts, k.workers_accepting(s.producer_version),
@@ -70,7 +106,7 @@ class JobRecorder(RedisStoreBase):
             job_id, owner, batch_id, upload_id, k.upload(""), s.events_maxlen, ",".join(sorted(retryable)),
             self._now(), int(s.waiting_grace_s * 1000), s.producer_version,
         ]
-        if self.messages is not None:
+        if self.messages is not None and k.location == MAIN:
             message = self.messages(job_id, batch_id, upload_id)
             keys += [message.queue_key, message.messages_key]
             args += [message.redis_message_id, message.data]
@@ -89,10 +125,10 @@ class JobRecorder(RedisStoreBase):
             )
         return RetryOutcome("missing")
 
-    def read_upload(self, upload_id: str) -> bytes | None:
-        """A stored upload (None once retention removed it with its job)."""
+    def read_upload(self, upload_id: str, location: str = MAIN) -> bytes | None:
+        """A stored upload at a location (None once retention removed it with its job)."""
         with store_errors():
-            data = self.client.get(self.keys.upload(upload_id))
+            data = self.client.get(self.partition(location).upload(upload_id))
         return bytes_of(data) if data is not None else None
 
     def take_rate_token(self, owner: str) -> int:
@@ -120,7 +156,7 @@ class JobRecorder(RedisStoreBase):
         grace to start (the reconciler sends it again otherwise: a message can
         still be lost after the send, e.g. fetched by a worker whose reply the
         network dropped). NX: an attempt that already started keeps its deadline."""
-        k = self.keys
+        k = self.partition_of(job_id)
         deadline = self._now() + int(self.settings.waiting_grace_s * 1000)
         with store_errors():
             pipe = self.client.pipeline(transaction=True)

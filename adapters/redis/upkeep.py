@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+from typing import Any
 
+from importer.adapters.logs import log_event
 from importer.adapters.redis.base import RedisStoreBase
+from importer.adapters.redis.client import StoreUnavailable, store_errors
+from importer.adapters.redis.keys import Keys
 from importer.adapters.settings import Settings
-from importer.adapters.redis.client import store_errors
 from importer.adapters.redis.records import QueueStats, error_json, format_versions, parse_versions, text_of
+
+
+log = logging.getLogger("importer.worker")
 
 
 def outage_gap_ms(settings: Settings) -> int:
@@ -20,10 +27,26 @@ class StoreUpkeep(RedisStoreBase):
 
 
     def reconcile(self, limit: int = 500) -> list[tuple[str, str, str]]:
-        """One reconciler pass (reconcile.lua): the (jobId, batchId, uploadId)
-        of every job past its deadline that must be sent again; jobs whose
-        attempts are used up are failed with import.attempts_exhausted."""
-        k, s = self.keys, self.settings
+        """One reconciler pass over every location (reconcile.lua, once per
+        partition): the (jobId, batchId, uploadId) of every job past its
+        deadline that must be sent again; jobs whose attempts are used up are
+        failed with import.attempts_exhausted. A partition whose node cannot
+        be reached is skipped this pass, never the ones after it; the pass
+        then raises StoreUnavailable once the others are done."""
+        resend: list[tuple[str, str, str]] = []
+        sick: StoreUnavailable | None = None
+        for location in self.locations():
+            try:
+                resend += self._reconcile_partition(self.partition(location), limit)
+            except StoreUnavailable as exc:
+                log_event(log, "reconciler.partition_unavailable", logging.WARNING, location=location)
+                sick = exc
+        if sick is not None and not resend:
+            raise sick
+        return resend
+
+    def _reconcile_partition(self, k: Keys, limit: int) -> list[tuple[str, str, str]]:
+        s = self.settings
         with store_errors():
             reply = self._script("reconcile",
                 keys=[k.unsent, k.deadline, k.active, k.failed, k.events, k.stats, k.reconciler_pass],
@@ -39,29 +62,43 @@ class StoreUpkeep(RedisStoreBase):
         return [(flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
 
     def renew(self, attempts: list[tuple[str, str]]) -> int:
-        """Renew the lease of running attempts [(jobId, token)] in one round trip;
-        returns how many still hold their job."""
+        """Renew the lease of running attempts [(jobId, token)] in one round trip
+        (one per node on a cluster); returns how many still hold their job."""
         if not attempts:
             return 0
-        k, lease = self.keys, int(self.settings.attempt_lease_s * 1000)
+        lease = int(self.settings.attempt_lease_s * 1000)
+        calls: list[tuple[str, list[Any], list[Any]]] = []
+        for job_id, token in attempts:
+            k = self.partition_of(job_id)
+            calls.append(("renew", [k.job(job_id), k.deadline], [job_id, token, lease]))
         with store_errors():
-            replies = self._pipelined([
-                ("renew", [k.job(job_id), k.deadline], [job_id, token, lease]) for job_id, token in attempts
-            ])
+            replies = self._pipelined(calls)
         return sum(int(r) for r in replies)
 
     def queue_stats(self) -> QueueStats:
-        k = self.keys
+        """The queue's numbers summed over every location (one pipeline: one round trip per node)."""
+        locations = self.locations()
         with store_errors():
             pipe = self.client.pipeline(transaction=False)
-            pipe.zcard(k.waiting)
-            pipe.zrange(k.waiting, 0, 0, withscores=True)
-            pipe.zcard(k.active)
-            pipe.hgetall(k.stats)
-            waiting, oldest, active, raw = pipe.execute()
-        age = max(0.0, (self._now() - oldest[0][1]) / 1000) if oldest else 0.0
-        return QueueStats(int(waiting), age, int(active), {text_of(key): int(v) for key, v in raw.items()})
-
+            for location in locations:
+                k = self.partition(location)
+                pipe.zcard(k.waiting)
+                pipe.zrange(k.waiting, 0, 0, withscores=True)
+                pipe.zcard(k.active)
+                pipe.hgetall(k.stats)
+            replies = pipe.execute()
+        waiting = active = 0
+        oldest: float | None = None
+        stats: dict[str, int] = {}
+        for i in range(0, len(replies), 4):
+            w, first, a, raw = replies[i:i + 4]
+            waiting, active = waiting + int(w), active + int(a)
+            if first and (oldest is None or first[0][1] < oldest):
+                oldest = first[0][1]
+            for key, v in raw.items():
+                stats[text_of(key)] = stats.get(text_of(key), 0) + int(v)
+        age = max(0.0, (self._now() - oldest) / 1000) if oldest is not None else 0.0
+        return QueueStats(waiting, age, active, stats)
 
     def announce_worker(self, worker_id: str, accepts: frozenset[int], window_ms: int) -> int:
         """This worker is alive for ``window_ms`` more (server clock) and accepts

@@ -19,6 +19,7 @@ from typing import Any
 
 import redis
 
+from importer.domain.locations import MAIN
 from importer.adapters.bootstrap import clock_ms
 from importer.adapters.dramatiq.broker import build_broker
 from importer.adapters.dramatiq.producer import ImportQueue
@@ -34,12 +35,12 @@ FIXTURES = ROOT / "fixtures"
 class ProbeStore(RedisStore):
     """The product's store plus reads and a removal only tests need."""
 
-    def stock_of(self, skus: list[str]) -> dict[str, int]:
-        values = self.client.hmget(self.keys.stock, skus) if skus else []
+    def stock_of(self, skus: list[str], location: str = MAIN) -> dict[str, int]:
+        values = self.client.hmget(self.partition(location).stock, skus) if skus else []
         return {sku: int(v) if v is not None else 0 for sku, v in zip(skus, values)}
 
-    def generation(self) -> int:
-        return int(self.client.get(self.keys.generation) or 0)
+    def generation(self, location: str = MAIN) -> int:
+        return int(self.client.get(self.partition(location).generation) or 0)
 
     def delete_job_record(self, job_id: str) -> None:
         """Remove a job record as retention would."""

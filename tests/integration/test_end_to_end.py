@@ -29,7 +29,7 @@ def test_seed_scenario_gives_the_seed_values(system: System) -> None:
         ctype="application/json",
     )
     assert status == 202, body
-    assert json.loads(body) == {"jobId": "shipment-shipment-a-2026", "batchId": "shipment-a-2026", "state": "waiting"}
+    assert json.loads(body) == {"jobId": "shipment-shipment-a-2026", "batchId": "shipment-a-2026", "location": "main", "state": "waiting"}
     assert headers["Location"] == "/api/imports/shipment-shipment-a-2026"
 
     record = system.wait_state("shipment-shipment-a-2026")
@@ -50,7 +50,7 @@ def test_posting_twice_while_the_record_exists_queues_one_message(make_system: o
     system.start_http()  # no worker yet: messages stay in the queue where we can count them
     first = system.post_csv("twice-1", SEED)
     second = system.post_csv("twice-1", SEED)
-    assert first == (202, {"jobId": "shipment-twice-1", "batchId": "twice-1", "state": "waiting"})
+    assert first == (202, {"jobId": "shipment-twice-1", "batchId": "twice-1", "location": "main", "state": "waiting"})
     assert second == first
     assert queued_messages(system) == 1
 
@@ -103,7 +103,7 @@ def test_a_waiting_batch_is_the_same_content_in_any_row_order_and_other_rows_con
     assert store.client.hget(key, "contentSha256") == b""  # not computed for a new batch
     assert store.client.hget(key, "rawSha256") == hashlib.sha256(SEED).hexdigest().encode()
 
-    assert system.post_csv("identity-1", SEED) == (202, {"jobId": "shipment-identity-1", "batchId": "identity-1", "state": "waiting"})
+    assert system.post_csv("identity-1", SEED) == (202, {"jobId": "shipment-identity-1", "batchId": "identity-1", "location": "main", "state": "waiting"})
     quoted = b'\xef\xbb\xbf"sku","quantity"\r\n"SPROCKET-07",5\r\nGADGET-BLU-02,25\r\nWIDGET-RED-01,10\r\n'
     assert system.post_csv("identity-1", quoted)[0] == 202
     assert store.client.hget(key, "contentSha256") == content_key(SEED).encode()  # kept once compared

@@ -79,7 +79,7 @@ def test_the_owner_retries_a_failed_import_and_it_is_applied_once(make_system: A
     system.start_worker()
     status, headers, body = retry(system, job_id)
     assert status == 202, body
-    assert json.loads(body) == {"jobId": job_id, "batchId": "retry-1", "state": "waiting"}
+    assert json.loads(body) == {"jobId": job_id, "batchId": "retry-1", "location": "main", "state": "waiting"}
     assert headers["Location"] == f"/api/imports/{job_id}"
 
     record = system.wait_state(job_id, ("completed",))

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 from dataclasses import dataclass, field, replace
 
+from importer.domain.locations import MAIN, location_of_job
 from importer.domain.contract import live_workers_can_run
 from importer.domain.jobs import JobRecord, JobState, RejectionReport, ShipmentRecord
 from importer.domain.errors import PublicError
@@ -135,7 +136,7 @@ class FakeStore:
         })
         return RetryOutcome("retried", batch_id=record.batch_id, retries=retries, sent=self.sends_with_record)
 
-    def read_upload(self, upload_id: str) -> bytes | None:
+    def read_upload(self, upload_id: str, location: str = MAIN) -> bytes | None:
         self._call("read_upload")
         return self.uploads.get(upload_id)
 
@@ -154,26 +155,28 @@ class FakeStore:
         record = self.jobs.get(job_id)
         return record if record is not None and record.owner == owner else None
 
-    def get_owned_shipment(self, batch_id: str, owner: str) -> ShipmentRecord | None:
+    def get_owned_shipment(self, batch_id: str, owner: str, location: str = MAIN) -> ShipmentRecord | None:
+        """``shipments`` holds main's by batchId, another location's by '<batchId>@<location>'."""
         self._call("get_owned_shipment")
-        record = self.shipments.get(batch_id)
+        record = self.shipments.get(_at(batch_id, location))
         return record if record is not None and record.owner == owner else None
 
-    def get_owned_receipt(self, batch_id: str, owner: str, head_bytes: int) -> StoredReceipt | None:
+    def get_owned_receipt(self, batch_id: str, owner: str, head_bytes: int, location: str = MAIN) -> StoredReceipt | None:
         self._call("get_owned_receipt")
+        batch_id = _at(batch_id, location)
         record = self.shipments.get(batch_id)
         if record is None or record.owner != owner:
             return None
         data = self.receipts.get(batch_id, b"")
         return StoredReceipt(record, len(data), data[:head_bytes])
 
-    def read_receipt(self, batch_id: str, start: int, length: int) -> bytes:
+    def read_receipt(self, batch_id: str, start: int, length: int, location: str = MAIN) -> bytes:
         self._call("read_receipt")
         if self.receipt_failure is not None:
             after, error = self.receipt_failure
             if self.calls.count("read_receipt") >= after:
                 raise error
-        return self.receipts.get(batch_id, b"")[start:start + length]
+        return self.receipts.get(_at(batch_id, location), b"")[start:start + length]
 
     def get_owned_rejections(self, job_id: str, owner: str) -> tuple[str, RejectionReport | None] | None:
         self._call("get_owned_rejections")
@@ -192,9 +195,13 @@ class FakeStore:
 
     def list_jobs(
         self, owner: str, *, limit: int, state: str | None = None, after: tuple[int, str] | None = None,
+        location: str | None = None,
     ) -> tuple[list[JobRecord], tuple[int, str] | None]:
         self._call("list_jobs")
-        mine = sorted((r for r in self.jobs.values() if r.owner == owner), key=lambda r: (r.created_at_ms, r.id), reverse=True)
+        mine = sorted(
+            (r for r in self.jobs.values() if r.owner == owner and location in (None, location_of_job(r.id))),
+            key=lambda r: (r.created_at_ms, r.id), reverse=True,
+        )
         if after is not None:
             mine = [r for r in mine if (r.created_at_ms, r.id) < after]
         if state:
@@ -306,3 +313,7 @@ class EventRecorder:
 
     def __call__(self, event: str, level: int = 20, **fields: object) -> None:
         self.events.append((event, fields))
+
+
+def _at(batch_id: str, location: str) -> str:
+    return batch_id if location == MAIN else f"{batch_id}@{location}"

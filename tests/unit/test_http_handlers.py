@@ -36,7 +36,7 @@ VALID_CSV = "sku,quantity\nWIDGET-RED-01,10\nGADGET-BLU-02,25\n"
 OTHER_CSV = "sku,quantity\nWIDGET-RED-01,11\n"
 
 STATUS_FIELDS = frozenset({
-    "id", "batchId", "state", "attempt", "progress", "result", "error",
+    "id", "batchId", "location", "state", "attempt", "progress", "result", "error",
     "createdAt", "updatedAt", "startedAt", "finishedAt", "nextAttemptAt", "retries", "retryable",
 })
 PROBLEM_MEMBERS = frozenset({"type", "title", "status", "detail", "code"})
@@ -235,7 +235,7 @@ def test_enqueue_json_is_accepted_and_sends_one_message(h: Harness) -> None:
 
     assert result.status == 202
     assert result.header("Content-Type") == "application/json"
-    assert result.json() == {"jobId": "shipment-b-1", "batchId": "b-1", "state": "waiting"}
+    assert result.json() == {"jobId": "shipment-b-1", "batchId": "b-1", "location": "main", "state": "waiting"}
     # The handler writes the answer without the schema: it is exactly what the schema dumps.
     assert JobAcceptedSchema().validate(result.json()) == {}
     assert JobAcceptedSchema().dump(result.json()) == result.json()
@@ -252,7 +252,7 @@ def test_enqueue_csv_body_with_batch_id_in_query(h: Harness, content_type: str) 
     result = h.post_csv(VALID_CSV, "b-2", content_type=content_type)
 
     assert result.status == 202
-    assert result.json() == {"jobId": "shipment-b-2", "batchId": "b-2", "state": "waiting"}
+    assert result.json() == {"jobId": "shipment-b-2", "batchId": "b-2", "location": "main", "state": "waiting"}
     assert result.header("Location") == "/api/imports/shipment-b-2"
     assert h.sender.sent == [SentMessage("shipment-b-2", "b-2", h.uuids.issued[0])]
     assert h.store.uploads[h.uuids.issued[0]] == VALID_CSV.encode()
@@ -290,7 +290,7 @@ def test_exists_reports_the_stored_state(h: Harness) -> None:
     again = h.post_json({"batchId": "b-5", "csv": VALID_CSV})
 
     assert again.status == 202
-    assert again.json() == {"jobId": "shipment-b-5", "batchId": "b-5", "state": "active"}
+    assert again.json() == {"jobId": "shipment-b-5", "batchId": "b-5", "location": "main", "state": "active"}
     assert len(h.sender.sent) == 1
 
 
@@ -598,7 +598,7 @@ def test_owner_reads_an_applied_shipment(h: Harness) -> None:
     assert result.status == 200
     assert result.header("Content-Type") == "application/json"
     body = result.json()
-    assert body.keys() == {"batchId", "state", "appliedAt", "result", "contentSha256"}
+    assert body.keys() == {"batchId", "location", "state", "appliedAt", "result", "contentSha256"}
     assert body["batchId"] == "b-done"
     assert body["state"] == "applied"
     assert datetime.fromisoformat(body["appliedAt"]) == iso(NOW_MS + 5000)

@@ -144,7 +144,7 @@ def test_the_owner_retries_a_failed_import_202_like_an_enqueue() -> None:
     result = retry(h)
 
     assert result.status == 202
-    assert result.json() == {"jobId": "shipment-b-r", "batchId": "b-r", "state": "waiting"}
+    assert result.json() == {"jobId": "shipment-b-r", "batchId": "b-r", "location": "main", "state": "waiting"}
     assert result.header("Location") == "/api/imports/shipment-b-r"
     assert [m.job_id for m in h.sender.sent] == ["shipment-b-r"]
     after = h.get_job("shipment-b-r").json()

@@ -182,8 +182,8 @@ def test_recorded_enqueues_store_the_csv_and_send_one_message_each() -> None:
     json_out = handle(load_event("enqueue-json.json"), None)
     csv_out = handle(load_event("enqueue-csv-base64.json"), None)
 
-    assert json.loads(json_out["body"]) == {"jobId": "shipment-fixture-2026-001", "batchId": "fixture-2026-001", "state": "waiting"}
-    assert json.loads(csv_out["body"]) == {"jobId": "shipment-fixture-2026-002", "batchId": "fixture-2026-002", "state": "waiting"}
+    assert json.loads(json_out["body"]) == {"jobId": "shipment-fixture-2026-001", "batchId": "fixture-2026-001", "location": "main", "state": "waiting"}
+    assert json.loads(csv_out["body"]) == {"jobId": "shipment-fixture-2026-002", "batchId": "fixture-2026-002", "location": "main", "state": "waiting"}
     assert csv_out["headers"]["Location"] == "/api/imports/shipment-fixture-2026-002"
     assert list(side.store.uploads.values()) == [CSV.encode(), CSV.encode()]
     assert [m.job_id for m in side.sender.sent] == ["shipment-fixture-2026-001", "shipment-fixture-2026-002"]

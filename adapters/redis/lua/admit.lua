@@ -1,0 +1,31 @@
+-- admit.lua: the control partition's part of a POST (or a retry) for a location
+-- other than main, whose job lives in another partition (another hash tag:
+-- on a Redis Cluster, maybe another node). Run before enqueue.lua / retry.lua
+-- there, which then take no rate token and find no workers in their own
+-- partition (the door check is here). main's POSTs do all of this inside
+-- enqueue.lua, in one step.
+--
+-- KEYS[1] P:rate:<owner>:<window>   [rate] the owner's fixed-window counter (all locations)
+-- KEYS[2] P:workers  KEYS[3] P:workers:accepts  KEYS[4] P:workers:v<ARGV[3]>   [door]
+-- KEYS[5] P:locations   KEYS[6] P:locations:owner:<owner>   [locations] the registries
+-- ARGV[1] the rate limit to take a token of here, 0 = not here   ARGV[2] the counter's expiry ms
+-- ARGV[3] the contract version of the message this producer sends   ARGV[4] the location
+--
+-- Returns {'ok'} | {'rate_limited'} | {'no_worker', '1,3'}
+--   As in enqueue.lua: the token first (a replay counts too), then the door.
+--   Unlike a POST to main, a replay of a known job is also refused by a closed
+--   door: this step cannot see the job. The location is registered before the
+--   job is recorded, so the reconciler and the owner's list never miss one
+--   (a registered location without jobs costs a read per pass, nothing else).
+
+local rate_limit = tonumber(ARGV[1])
+if rate_limit > 0 then
+  local used = redis.call('INCR', KEYS[1])
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if used > rate_limit then return {'rate_limited'} end
+end
+local refused = no_worker_accepts(KEYS[2], KEYS[3], KEYS[4], ARGV[3])
+if refused then return {'no_worker', refused} end
+redis.call('SADD', KEYS[5], ARGV[4])
+redis.call('SADD', KEYS[6], ARGV[4])
+return {'ok'}
