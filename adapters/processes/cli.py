@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument(
         "--from", dest="start", default="$",
-        help="resume after this stream id ('0' for all retained history; default: from now)",
+        help="resume after this stream id, at every location ('0' for all retained history; default: from "
+             "now), or per location: main=ID,paris=ID (a location not named: from its beginning)",
     )
     p.set_defaults(func=commands.cmd_events)
 

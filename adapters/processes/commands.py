@@ -114,7 +114,7 @@ def cmd_events(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     stop = StopOnce(name="events").install()
     observer = EventsObserver(
-        redis_client(settings), Keys(settings.key_prefix).events, sys.stdout, as_json=args.json, start=args.start
+        redis_client(settings), Keys(settings.key_prefix), sys.stdout, as_json=args.json, start=args.start
     )
     return observer.run(stop.event)
 

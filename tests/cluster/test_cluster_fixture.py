@@ -232,7 +232,6 @@ def test_two_step_migration_gives_ask_and_tryagain(redis_cluster: LocalCluster) 
     client = _cluster_client(cluster)
     try:
         client.mset({k: k for k in keys})
-        print("\nNODES0", [(n.name, n.server_type, id(n)) for n in client.get_nodes()])
         migration = cluster.begin_migration(slot, target)
         assert migration.move_batch(8) == 8
         moved = set(target.client().execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100))
@@ -248,10 +247,6 @@ def test_two_step_migration_gives_ask_and_tryagain(redis_cluster: LocalCluster) 
         assert src.get(stayed[0]) == stayed[0]  # not moved yet: the source still serves it
         # RedisCluster follows the ASK redirects on its own.
         assert client.get(one_moved) == one_moved.encode()
-        print("NODES1", [(n.name, n.server_type, id(n)) for n in client.get_nodes()], "target", target.port, "source", source.port)
-        for n in client.get_nodes():
-            p = n.redis_connection.connection_pool
-            print("POOL", n.name, p, "avail", [(id(c), c._sock) for c in p._available_connections], "inuse", [(id(c), c._sock) for c in p._in_use_connections])
         assert client.set(f"{tag}:created-mid-move", "x")
         assert client.incr(f"{tag}:counter-mid-move") == 1
         assert migration.finish() == len(stayed)
@@ -259,10 +254,6 @@ def test_two_step_migration_gives_ask_and_tryagain(redis_cluster: LocalCluster) 
         assert client.mget(keys) == [k.encode() for k in keys]
         assert client.get(f"{tag}:created-mid-move") == b"x"
         client.delete(*keys, f"{tag}:created-mid-move", f"{tag}:counter-mid-move")
-        print("NODES2", [(n.name, n.server_type, id(n)) for n in client.get_nodes()])
-        for n in client.get_nodes():
-            p = n.redis_connection.connection_pool
-            print("POOL", n.name, p, "avail", [(id(c), c._sock) for c in p._available_connections], "inuse", [(id(c), c._sock) for c in p._in_use_connections])
     finally:
         client.close()
 

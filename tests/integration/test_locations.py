@@ -169,3 +169,58 @@ def test_an_upgraded_install_keeps_its_keys(tmp_path: Path) -> None:
     for method in ("job", "rejections", "upload", "done", "receipt", "owner_jobs", "job_events", "completed_of", "failed_of"):
         assert getattr(now, method)("x-1") == getattr(before, method)("x-1"), method
     assert now.rate("o", 7) == before.rate("o", 7) and now.workers_accepting(1) == before.workers_accepting(1)
+
+
+def test_the_observer_follows_every_location_and_resumes_each(system: System) -> None:
+    """``importer events`` reads each location's stream; a location whose
+    first job comes after the observer started is picked up too."""
+    import signal
+    import time
+
+    from tests.integration.support import wait_for
+
+    out = system.workdir / "events.jsonl"
+    with out.open("wb") as sink:
+        observer = subprocess.Popen(
+            [sys.executable, "-m", "importer.adapters.processes.cli", "events", "--json"],
+            env={**system.env, "IMPORTER_LOG_FORMAT": "text"}, stdout=sink, stderr=subprocess.DEVNULL,
+        )
+    try:
+        time.sleep(1.5)  # watching main before the first job at paris exists
+        for batch, location in (("obs-a", "main"), ("obs-b", "paris"), ("obs-c", "rome")):
+            assert _post(system, batch, location)[0] == 202
+        for job_id in ("shipment-obs-a", "shipment-obs-b@paris", "shipment-obs-c@rome"):
+            system.wait_state(job_id)
+
+        def outcomes() -> set[str]:
+            lines = [json.loads(x) for x in out.read_text().splitlines() if x.strip()]
+            return {e["jobId"] for e in lines if e["event"] == "completed"}
+
+        wait_for(lambda: len(outcomes()) == 3, 15, message="the observer saw every location's outcome")
+    finally:
+        observer.send_signal(signal.SIGTERM)
+        assert observer.wait(timeout=10) == 0
+    events = [json.loads(x) for x in out.read_text().splitlines() if x.strip()]
+    paris_last = [e["id"] for e in events if e["jobId"].endswith("@paris")][-1]
+    # Resumed per location: paris after its last event, main and rome not named (from their beginning).
+    assert _post(system, "obs-d", "paris")[0] == 202
+    system.wait_state("shipment-obs-d@paris")
+    out2 = system.workdir / "events2.jsonl"
+    with out2.open("wb") as sink:
+        again = subprocess.Popen(
+            [sys.executable, "-m", "importer.adapters.processes.cli", "events", "--json", "--from", f"paris={paris_last}"],
+            env={**system.env, "IMPORTER_LOG_FORMAT": "text"}, stdout=sink, stderr=subprocess.DEVNULL,
+        )
+    try:
+        def seen() -> list[dict[str, Any]]:
+            return [json.loads(x) for x in out2.read_text().splitlines() if x.strip()]
+
+        wait_for(lambda: any(e["jobId"] == "shipment-obs-d@paris" and e["event"] == "completed" for e in seen()), 15,
+                 message="the resumed observer caught up")
+        time.sleep(0.5)
+    finally:
+        again.send_signal(signal.SIGTERM)
+        assert again.wait(timeout=10) == 0
+    jobs = {e["jobId"] for e in seen()}
+    assert "shipment-obs-b@paris" not in jobs  # paris resumed after its own last id
+    assert {"shipment-obs-a", "shipment-obs-c@rome", "shipment-obs-d@paris"} <= jobs
