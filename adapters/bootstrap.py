@@ -12,10 +12,12 @@ import logging
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlparse
 
 import dramatiq
 import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.cluster import ClusterNode
 from redis.exceptions import DataError
 from redis.retry import Retry
 
@@ -110,12 +112,18 @@ def redis_client(settings: Settings) -> RedisClient:
         # asked again after a fresh look at the slots, 2 more times within
         # ~0.3 s, then the call fails as StoreUnavailable (503, an outage).
         # A timeout is a timeout: the bound of one call stays the socket timeout.
+        # IMPORTER_REDIS_URL names one node, or several (comma-separated): a
+        # process that starts while the one named is down finds the cluster
+        # through the others (a running process knows every node already).
+        first, *more = [u.strip() for u in settings.redis_url.split(",") if u.strip()]
+        extra = {"startup_nodes": [ClusterNode(u.hostname or "127.0.0.1", u.port or 6379) for u in map(urlparse, more)]}
         return ImporterRedisCluster.from_url(
-            settings.redis_url,
+            first,
             socket_timeout=timeout,
             socket_connect_timeout=min(timeout, 5.0),
             retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 2),
             health_check_interval=0,
+            **(extra if more else {}),
         )
     return ImporterRedis.from_url(
         settings.redis_url,

@@ -70,6 +70,9 @@ class RedisStoreBase:
         forgotten (restart, SCRIPT FLUSH) fails with NOSCRIPT and only the
         calls that failed are loaded and run again, in order.
         """
+        if isinstance(self.client, redis.RedisCluster):
+            # A cluster pipeline carries no EVALSHA (redis-py): one call each, routed by its keys' slot.
+            return [self._script(name, keys=keys, args=args) for name, keys, args in calls]
         pending = list(range(len(calls)))
         results: list[Any] = [None] * len(calls)
         for _ in range(2):

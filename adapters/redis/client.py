@@ -49,10 +49,23 @@ class StoreUnavailable(StoreError):
 _REFUSING = ("OOM", "BUSY", "LOADING", "READONLY", "MASTERDOWN", "NOREPLICAS", "TRYAGAIN", "CLUSTERDOWN", "MISCONF")
 
 
+def cluster_unavailable(exc: BaseException) -> bool:
+    """A Redis Cluster without a master for a slot (a failover in progress,
+    CLUSTERDOWN), a slot being migrated (TRYAGAIN for a script whose keys are
+    split between the two nodes, until the last is moved: redis-py's
+    ClusterError "TTL exhausted" once its redirections are used up) or no node answering."""
+    if isinstance(exc, (redis.exceptions.ClusterError, redis.exceptions.TryAgainError,
+                        redis.exceptions.SlotNotCoveredError)):
+        return True
+    return isinstance(exc, redis.exceptions.RedisClusterException) and "cannot be connected" in str(exc)
+
+
 def unavailable(exc: BaseException) -> StoreUnavailable | None:
-    """The StoreUnavailable a Redis error means, or None for a real bug (WRONGTYPE, a script error...)."""
+    """The StoreUnavailable a Redis error means, or None for a real bug (WRONGTYPE, a script error, CROSSSLOT...)."""
     if isinstance(exc, StoreUnavailable):
         return exc
+    if cluster_unavailable(exc):
+        return StoreUnavailable(type(exc).__name__)
     # BusyLoadingError is a ConnectionError in redis-py: test the refusals first.
     if isinstance(exc, (RedisRefusesWrites, redis.exceptions.OutOfMemoryError, redis.exceptions.BusyLoadingError,
                         redis.exceptions.ReadOnlyError)):
@@ -185,13 +198,23 @@ class ImporterRedisCluster(redis.RedisCluster):
     Scripts run through redis-py's Script (EVALSHA routed by their keys' slot)."""
 
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        # A slot without a master is a ConnectionError too: dramatiq's consumer
+        # thread survives those (and reconnects), any other error kills it.
         try:
             return super().execute_command(*args, **kwargs)
-        except redis.ResponseError as exc:
+        except (redis.ResponseError, redis.exceptions.ClusterError, redis.exceptions.RedisClusterException) as exc:
+            if cluster_unavailable(exc):
+                raise ClusterUnavailable(f"{type(exc).__name__}: {exc}") from exc
+            if not isinstance(exc, redis.ResponseError):
+                raise
             refused = _refusal(exc)
             if refused is exc:
                 raise
             raise refused from exc
+
+
+class ClusterUnavailable(redis.ConnectionError):
+    """A Redis Cluster that cannot serve a slot now (failover, CLUSTERDOWN, TRYAGAIN, no node answering)."""
 
 
 _FORKED_CLIENTS: "weakref.WeakSet[ImporterRedis]" = weakref.WeakSet()
@@ -210,7 +233,7 @@ def store_errors() -> Iterator[None]:
     """Redis errors that mean "the store is sick" raised as StoreUnavailable."""
     try:
         yield
-    except redis.RedisError as exc:
+    except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
         translated = unavailable(exc)
         if translated is None:
             raise

@@ -119,20 +119,10 @@ class StoreUpkeep(RedisStoreBase):
 
     def live_workers(self) -> dict[str, frozenset[int]]:
         """Worker id -> accepted versions of every live worker (expiry not past
-        on the server's clock), as enqueue.lua's door check sees them. One round trip."""
+        on the server's clock), as enqueue.lua's door check sees them (live_workers.lua)."""
         with store_errors():
-            pipe = self.client.pipeline(transaction=False)
-            pipe.time()
-            pipe.zrange(self.keys.workers, 0, -1, withscores=True)
-            pipe.hgetall(self.keys.workers_accepts)
-            (seconds, micros), entries, accepts = pipe.execute()
-        now_ms = seconds * 1000 + micros // 1000
-        by_id = {text_of(k): text_of(v) for k, v in accepts.items()}
-        return {
-            text_of(worker): parse_versions(by_id[text_of(worker)])
-            for worker, expiry in entries
-            if expiry >= now_ms and text_of(worker) in by_id
-        }
+            flat = self._script("live_workers", keys=[self.keys.workers, self.keys.workers_accepts], args=[])
+        return {text_of(flat[i]): parse_versions(text_of(flat[i + 1])) for i in range(0, len(flat), 2)}
 
     def ping(self) -> bool:
         """True when Redis answers and accepts writes (a tiny expiring write

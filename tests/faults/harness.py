@@ -136,6 +136,8 @@ def csv_for(rows: dict[str, int]) -> bytes:
 class Post:
     batch_id: str
     rows: dict[str, int]
+    #: The stock location it is posted to ('' = none named: the default, main).
+    location: str = ""
     statuses: list[int] = field(default_factory=list)
     durations: list[float] = field(default_factory=list)
     accepted_at: float | None = None
@@ -146,13 +148,15 @@ class Driver:
     retried with the same body (what the README tells producers to do)."""
 
     def __init__(self, system: System, count: int, *, threads: int = 4, skus: int = 25, seed: int = 0,
-                 give_up_after: float = 120.0) -> None:
+                 give_up_after: float = 120.0, locations: tuple[str, ...] = ()) -> None:
         # `make faults` (the soak) varies the contents and timing run by run.
         seed += 1000 * int(os.environ.get("IMPORTER_FAULTS_SEED", "0"))
         rng = random.Random(seed)
         self.system = system
         self.posts = [
-            Post(f"f{seed}-{i}", {f"SKU-{n}": rng.randint(1, 9) for n in rng.sample(range(skus), 3)}) for i in range(count)
+            Post(f"f{seed}-{i}", {f"SKU-{n}": rng.randint(1, 9) for n in rng.sample(range(skus), 3)},
+                 locations[i % len(locations)] if locations else "")
+            for i in range(count)
         ]
         self.threads = threads
         self.give_up_after = give_up_after
@@ -171,6 +175,8 @@ class Driver:
 
     def _post_once(self, post: Post) -> int:
         url = f"{self.system.base_url}/api/imports?batchId={post.batch_id}"
+        if post.location:
+            url += f"&location={post.location}"
         req = urllib.request.Request(url, data=csv_for(post.rows), method="POST")
         req.add_header("Authorization", f"Bearer {self.system.api_key}")
         req.add_header("Content-Type", "text/csv")

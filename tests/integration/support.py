@@ -20,7 +20,7 @@ from typing import Any
 import redis
 
 from importer.domain.locations import MAIN
-from importer.adapters.bootstrap import clock_ms
+from importer.adapters.bootstrap import clock_ms, redis_client
 from importer.adapters.dramatiq.broker import build_broker
 from importer.adapters.dramatiq.producer import ImportQueue
 from importer.adapters.redis.store import RedisStore
@@ -163,7 +163,8 @@ class System:
         return Settings.from_env(self.env)
 
     def store(self) -> ProbeStore:
-        return ProbeStore(redis.Redis.from_url(self.redis_url), self.settings, clock_ms=clock_ms)
+        # The product's own client: a RedisCluster when the system runs on one (IMPORTER_REDIS_CLUSTER).
+        return ProbeStore(redis_client(self.settings), self.settings, clock_ms=clock_ms)
 
     def queue(self) -> ImportQueue:
         """The product's producer, for sending messages directly (closed by stop_all)."""
