@@ -263,7 +263,7 @@ ROUTES: tuple[Route, ...] = (
         "responses": {
             "200": {"description": "The batch was applied.", "content": {"application/json": {"schema": "Shipment"}}},
         },
-    }, errors=(*_API_ERRORS, "shipment.not_found"), error_notes={"shipment.not_found": "The batch was never applied"}),
+    }, errors=(*_API_ERRORS, "shipment.not_found", "request.invalid"), error_notes={"shipment.not_found": "The batch was never applied"}),
     Route("GET", "/api/shipments/{batchId}/receipt", receipts.get_receipt, {
         "operationId": "getShipmentReceipt",
         "summary": "What one of your applied batches changed: each SKU's stock before and after",
@@ -288,7 +288,7 @@ ROUTES: tuple[Route, ...] = (
                 },
             },
         },
-    }, errors=(*_API_ERRORS, "shipment.not_found", "receipt.not_recorded", "request.not_acceptable", "response.too_large"),
+    }, errors=(*_API_ERRORS, "shipment.not_found", "request.invalid", "receipt.not_recorded", "request.not_acceptable", "response.too_large"),
     error_notes={
         "shipment.not_found": "The batch was never applied, or is another producer's: the same answer as GET /api/shipments/{batchId}",
         "receipt.not_recorded": "The batch was applied before receipts were recorded",

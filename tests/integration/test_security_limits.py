@@ -23,7 +23,7 @@ SEED = (FIXTURES / "shipment-a-2026.csv").read_bytes()
 BAD = (FIXTURES / "invalid-bad-quantity.csv").read_bytes()
 
 STATUS_FIELDS = {
-    "id", "batchId", "state", "attempt", "progress", "result", "error",
+    "id", "batchId", "location", "state", "attempt", "progress", "result", "error",
     "createdAt", "updatedAt", "startedAt", "finishedAt", "nextAttemptAt", "retries", "retryable",
 }
 ERROR_FIELDS = {"code", "message", "issues", "issuesTruncated", "rejections"}
