@@ -7,7 +7,7 @@ from typing import Any
 
 import redis
 
-from importer.adapters.redis.client import ImporterRedis, RedisClient, store_errors
+from importer.adapters.redis.client import ImporterRedis, ImporterRedisCluster, RedisClient, store_errors
 from importer.adapters.redis.keys import Keys
 from importer.adapters.redis.records import MessageWriter, text_of
 from importer.adapters.redis.scripts import SCRIPT_NAMES, lua_source
@@ -58,7 +58,7 @@ class RedisStoreBase:
         """One script call: on the calling thread's own connection when the
         client is Importer's (ImporterRedis.run_script), else as redis-py's Script."""
         script = self._scripts[name]
-        if isinstance(self.client, ImporterRedis):
+        if isinstance(self.client, (ImporterRedis, ImporterRedisCluster)):
             return self.client.run_script(script, keys, args)
         return script(keys=keys, args=args)
 

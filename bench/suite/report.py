@@ -295,6 +295,13 @@ METHOD = """\
 - **4. message size**: a 3-row and a 100,000-row import sent with no worker running; Importer's stored
   message body is read from the broker's `<ns>:imports.msgs` hash, the peer's is the `data` field of the
   BullMQ job hash. Both batchIds have the same length.
+- **5. cluster** (`cluster.py`): the bench's one valkey against a 3-master Redis Cluster of the same valkey-server
+  (`tests/cluster/cluster_nodes.py` `LocalCluster`, no replicas, AOF `everysec`), alternating, same run. Six locations,
+  `main` and five chosen so that their partitions land two per master; the drain pre-enqueues N imports round-robin
+  over them (`submit_import(location=L)`) and is timed as the drain above (completion: the sum of every partition's
+  `jobs:completed`); server CPU (/proc) and commands (`INFO` deltas minus the polling) are summed over the nodes, and
+  each master's share given. HTTP: wrk with a generated `wrk_post.lua` adding `&location=L` round-robin. In the table
+  the cluster's figure is in the Importer column and one node's in the baseline column (ratio: cluster ÷ one node).
 """
 
 

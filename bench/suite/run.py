@@ -49,6 +49,7 @@ from importer.adapters.processes.granian import DEFAULT_THREADS, default_workers
 from importer.domain.shipment import DEFAULT_MAX_ROWS  # noqa: E402
 
 from bench.suite.accounting import accounting_markdown, scenario_accounting  # noqa: E402
+from bench.suite.cluster import scenario_cluster  # noqa: E402
 from bench.suite.common import QUICK_RESULTS, RESULTS, ROOT, code_fingerprint, loadavg, log  # noqa: E402
 from bench.suite.drain import scenario_drain  # noqa: E402
 from bench.suite.http_load import scenario_http  # noqa: E402
@@ -58,7 +59,7 @@ from bench.suite.peers.bullmq_runner import BullmqPeer  # noqa: E402
 from bench.suite.report import write_results  # noqa: E402
 from bench.suite.servers import Bench, Config  # noqa: E402
 
-SCENARIOS = ("size", "drain", "accounting", "http", "large")
+SCENARIOS = ("size", "drain", "accounting", "http", "large", "cluster")
 
 
 def parse_args(argv: list[str]) -> Config:
@@ -112,16 +113,16 @@ def main(argv: list[str] | None = None) -> int:
     finished = False
     failed = False
     try:
-        if cfg.peer:
+        if cfg.peer and cfg.only != {"cluster"}:  # the cluster scenario has no peer
             b.peer, b.peer_note = BullmqPeer.prepare(b)
             if b.peer is None:
                 log(b.peer_note)
                 b.results.notes.append(b.peer_note)
         else:
-            b.peer_note = "left out (--no-peer)"
+            b.peer_note = "left out (--no-peer)" if not cfg.peer else "not needed (--only cluster)"
         b.start_server()
         runs = {"size": scenario_size, "drain": scenario_drain, "accounting": scenario_accounting,
-                "http": scenario_http, "large": scenario_large}
+                "http": scenario_http, "large": scenario_large, "cluster": scenario_cluster}
         for name in SCENARIOS:
             if name not in cfg.only:
                 continue

@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from redis.crc import key_slot
 
 SLOTS = 16384
 
@@ -540,7 +541,8 @@ class LocalCluster:
         return [ClusterNode("127.0.0.1", n.port) for n in self.nodes]
 
     def client(self, **kwargs: Any) -> redis.RedisCluster:
-        """A ``redis.RedisCluster`` on this cluster (caller closes it)."""
+        """A ``redis.RedisCluster`` on this cluster; close it with ``close_cluster_client``
+        (or ``.close()``: built from startup nodes, its close() does close the sockets)."""
         return redis.RedisCluster(startup_nodes=self.startup_nodes, **kwargs)
 
     def node_by_id(self, node_id: str) -> Node | None:
@@ -640,6 +642,9 @@ class LocalCluster:
         try:
             self._start_processes(deadline)
             self._form(deadline)
+        except redis.RedisError as exc:
+            self.stop()
+            raise ClusterError(f"forming the cluster failed: {type(exc).__name__}: {exc}") from exc
         except BaseException:
             self.stop()
             raise
@@ -691,13 +696,36 @@ class LocalCluster:
         self._wait(self._all_know_each_other, deadline, "every node to know every other node")
         for j, replica in enumerate(self.nodes[self.n_masters :]):
             master = masters[j // self.replicas_per_master]
-            self._retry(
-                lambda r=replica, m=master: r.client().execute_command("CLUSTER", "REPLICATE", m.node_id),
-                deadline,
-                f"CLUSTER REPLICATE on {replica}",
-            )
+
+            def replicate(r: Node = replica, m: Node = master) -> Any:
+                return r.client().execute_command("CLUSTER", "REPLICATE", m.node_id)
+
+            self._retry(replicate, deadline, f"CLUSTER REPLICATE on {replica}")
             replica.master_id = master.node_id
+        self._wait(
+            lambda: self._check_ok(replicas_in_slots=False),
+            deadline,
+            "the cluster to be ok and every replica in sync",
+            interval=0.1,
+        )
+        # CLUSTER SLOTS (what clients read the topology from) leaves out replicas whose
+        # replication offset is still 0, i.e. until their master has replicated a write
+        # (or its periodic PING, every 10 s). One write+delete per master makes the
+        # replicas visible at once, so clients created right after start() know them.
+        for master in masters:
+            probe = self._probe_key(master)
+            master.client().set(probe, "1")
+            master.client().delete(probe)
         self.wait_ok(timeout=max(0.1, deadline - time.monotonic()))
+
+    def _probe_key(self, master: Node) -> str:
+        ranges = self.slots_of(master)
+        for i in range(100000):
+            key = f"__localcluster_probe__:{i}"
+            slot = key_slot(key.encode())
+            if any(a <= slot <= b for a, b in ranges):
+                return key
+        raise ClusterError(f"no probe key found for {master}")
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Kill every node (SIGTERM, then SIGKILL after ``grace_s``), reap them, close files."""
@@ -706,25 +734,25 @@ class LocalCluster:
         _LIVE.discard(self)
 
     def _kill_all(self, grace_s: float) -> None:
-        procs = [n for n in self.nodes if n.process is not None]
+        owned = [(n, n.process) for n in self.nodes if n.process is not None]
         for n in self.nodes:
             n.close_clients()
-        for n in procs:
-            if n.process.poll() is None:
+        for n, proc in owned:
+            if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     if n.paused:
-                        n.process.send_signal(signal.SIGCONT)
-                    n.process.terminate()
+                        proc.send_signal(signal.SIGCONT)
+                    proc.terminate()
         end = time.monotonic() + grace_s
-        for n in procs:
+        for _, proc in owned:
             try:
-                n.process.wait(timeout=max(0.0, end - time.monotonic()))
+                proc.wait(timeout=max(0.0, end - time.monotonic()))
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
-                    n.process.kill()
-        for n in procs:
+                    proc.kill()  # SIGKILL fallback
+        for n, proc in owned:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                n.process.wait(timeout=10)
+                proc.wait(timeout=10)
             n.paused = False
         for n in self.nodes:
             if n._log_handle is not None:
@@ -797,7 +825,7 @@ class LocalCluster:
                 node.master_id = e.master_id
         return view
 
-    def _check_ok(self) -> str | None:
+    def _check_ok(self, replicas_in_slots: bool = True) -> str | None:
         up = [n for n in self.nodes if n.up]
         if not up:
             return "no node is up"
@@ -830,12 +858,12 @@ class LocalCluster:
                 return f"{node} sees {covered}/{SLOTS} slots assigned"
             roles = []
             for n in up:
-                e = by_id.get(n.node_id)
-                if e is None:
+                entry = by_id.get(n.node_id)
+                if entry is None:
                     return f"{node} does not know {n}"
-                if e.failed:
-                    return f"{node} still flags live {n.port} as {','.join(sorted(e.flags))}"
-                roles.append((n.node_id, e.is_master, e.master_id))
+                if entry.failed:
+                    return f"{node} still flags live {n.port} as {','.join(sorted(entry.flags))}"
+                roles.append((n.node_id, entry.is_master, entry.master_id))
             sig = (tuple(ranges), tuple(sorted(roles, key=lambda r: r[0])))
             if signature is None:
                 signature, signature_from = sig, node
@@ -849,6 +877,17 @@ class LocalCluster:
                     return f"replica {node}: master_link_status={info.get('master_link_status')}"
                 if info.get("master_sync_in_progress", "0") != "0":
                     return f"replica {node}: initial sync in progress"
+        if replicas_in_slots:
+            # What a client sees: CLUSTER SLOTS of every live node lists every live node.
+            ports = {n.port for n in up}
+            for node in up:
+                listed = {
+                    int(entry[1])
+                    for row in node.client().execute_command("CLUSTER", "SLOTS")
+                    for entry in row[2:]
+                }
+                if not ports <= listed:
+                    return f"CLUSTER SLOTS of {node} leaves out {sorted(ports - listed)}"
         return None
 
     def wait_ok(self, timeout: float = 30.0) -> None:
@@ -909,7 +948,9 @@ class LocalCluster:
         with contextlib.suppress(ClusterError, redis.RedisError):
             self._replicas_at_kill[node.node_id] = {r.node_id for r in self.replicas_of(node)}
         node.close_clients()
-        node.process.send_signal(sig)
+        proc = node.process
+        assert proc is not None
+        proc.send_signal(sig)
         if sig == signal.SIGSTOP:
             node.paused = True
             return
@@ -918,7 +959,7 @@ class LocalCluster:
             return
         if wait and sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGABRT):
             try:
-                node.process.wait(timeout=15)
+                proc.wait(timeout=15)
             except subprocess.TimeoutExpired as exc:
                 raise ClusterError(f"{node} did not exit after signal {sig}") from exc
 
@@ -937,7 +978,11 @@ class LocalCluster:
         return node
 
     def failover_wait(self, old_master: Node, timeout: float = 30.0) -> Node:
-        """Until a replica of ``old_master`` is master and the cluster is ok; returns it."""
+        """Until a replica of ``old_master`` is master and the cluster is ok; returns it.
+
+        Call after ``kill(old_master)`` (which records its replicas). A failover needs
+        the votes of a majority of the masters, so with 3 masters one may be down at a
+        time; detection takes ``node_timeout_ms`` plus the election (~0.5-1.5 s)."""
         deadline = time.monotonic() + timeout
         candidates = set(self._replicas_at_kill.get(old_master.node_id, set()))
         candidates |= {n.node_id for n in self.nodes if n.master_id == old_master.node_id}
@@ -1015,6 +1060,24 @@ class LocalCluster:
         return "\n".join(lines)
 
 
+def close_cluster_client(client: redis.RedisCluster) -> None:
+    """Close a RedisCluster *and* its sockets.
+
+    redis-py 8.1.0: a client made with ``RedisCluster.from_url`` builds its node
+    clients as ``Redis(connection_pool=...)``, which do not own their pools, so
+    ``RedisCluster.close()`` leaves every node socket open (a ResourceWarning later,
+    an error under ``filterwarnings = error``). Clients made with host/port or
+    startup_nodes close fine. This disconnects the pools explicitly.
+    """
+    nodes = list(client.get_nodes())
+    client.close()
+    for node in nodes:
+        conn = node.redis_connection
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.connection_pool.disconnect()
+
+
 def iter_keys_in_slot(prefix: str, count: int) -> Iterator[str]:
     """``count`` distinct keys sharing the hash tag ``{prefix}`` (so one slot)."""
     for i in range(count):
@@ -1028,6 +1091,7 @@ __all__ = [
     "Node",
     "NodeEntry",
     "SlotMigration",
+    "close_cluster_client",
     "free_ports",
     "iter_keys_in_slot",
     "parse_cluster_nodes",

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from tests.cluster.cluster_nodes import ClusterError, LocalCluster, resolve_server_binary, server_version
 
@@ -32,11 +33,14 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 def _start(cluster_dir: Path, masters: int, replicas_per_master: int, **kwargs: Any) -> LocalCluster:
+    problem = None
     try:
         cluster = LocalCluster(cluster_dir, masters=masters, replicas_per_master=replicas_per_master, **kwargs)
         cluster.start(timeout=FORM_TIMEOUT_S)
-    except (ClusterError, OSError) as exc:
-        pytest.fail(f"the local Redis Cluster could not be formed: {exc}", pytrace=False)
+    except (ClusterError, OSError, redis.RedisError) as exc:
+        problem = f"{type(exc).__name__}: {exc}"
+    if problem is not None:  # outside the except: no chained traceback noise
+        pytest.fail(f"the local Redis Cluster could not be formed: {problem}", pytrace=False)
     return cluster
 
 

@@ -18,7 +18,7 @@ import pytest
 import redis
 from redis.exceptions import AskError, RedisClusterException, TryAgainError
 
-from tests.cluster.cluster_nodes import SLOTS, LocalCluster
+from tests.cluster.cluster_nodes import SLOTS, LocalCluster, close_cluster_client
 
 HASH_TAGS = ["{importer}"] + [f"{{importer@{c}}}" for c in "abcdef"]
 
@@ -46,8 +46,9 @@ def test_all_slots_covered_by_three_masters_each_with_a_replica(redis_cluster: L
         assert cfg["cluster-require-full-coverage"] == "yes"
         # Every node answers CLUSTER SLOTS with the complete map.
         served = set()
-        for start, end, *_ in node.client().execute_command("CLUSTER", "SLOTS"):
+        for start, end, *holders in node.client().execute_command("CLUSTER", "SLOTS"):
             served.update(range(int(start), int(end) + 1))
+            assert len(holders) == 2, f"{node}: slots {start}-{end} held by {holders} (master + replica expected)"
         assert served == set(range(SLOTS)), f"{node} serves {len(served)} slots"
         info = node.client().execute_command("CLUSTER", "INFO")
         assert "cluster_state:ok" in info and "cluster_slots_ok:16384" in info
@@ -83,7 +84,7 @@ def test_hash_tags_spread_over_masters_and_rediscluster_reads_and_writes(redis_c
         client.mset({"{importer}:m1": "1", "{importer}:m2": "2"})
         assert client.mget("{importer}:m1", "{importer}:m2") == [b"1", b"2"]
     finally:
-        client.close()
+        close_cluster_client(client)
 
 
 def test_context_manager_stop_leaves_no_process(tmp_path: Path) -> None:
@@ -94,7 +95,7 @@ def test_context_manager_stop_leaves_no_process(tmp_path: Path) -> None:
         try:
             assert client.set("{importer@a}:x", "1") and client.get("{importer@a}:x") == b"1"
         finally:
-            client.close()
+            close_cluster_client(client)
     for node in cluster.nodes:
         assert node.process is not None and node.process.returncode is not None
     for pid in pids:
@@ -150,7 +151,7 @@ def test_sigkill_master_promotes_its_replica_and_writes_resume(fresh_cluster: Ca
             f"{t_ok:.2f}s; restarted old master rejoined as replica in {t_rejoin:.2f}s"
         )
     finally:
-        client.close()
+        close_cluster_client(client)
 
 
 def _incr_load(cluster: LocalCluster, keys: list[str], new_prefix: str, stop: threading.Event,
@@ -173,7 +174,7 @@ def _incr_load(cluster: LocalCluster, keys: list[str], new_prefix: str, stop: th
             counts[key] += 1
             ops[0] += 1
     finally:
-        client.close()
+        close_cluster_client(client)
 
 
 def test_migrate_slot_with_keys_while_a_thread_increments_them(redis_cluster: LocalCluster) -> None:
@@ -219,7 +220,7 @@ def test_migrate_slot_with_keys_while_a_thread_increments_them(redis_cluster: Lo
         assert not lost, f"lost or extra INCRs (expected, got): {dict(list(lost.items())[:10])}"
         seed.delete(*all_keys)
     finally:
-        seed.close()
+        close_cluster_client(seed)
 
 
 def test_two_step_migration_gives_ask_and_tryagain(redis_cluster: LocalCluster) -> None:
@@ -255,7 +256,7 @@ def test_two_step_migration_gives_ask_and_tryagain(redis_cluster: LocalCluster) 
         assert client.get(f"{tag}:created-mid-move") == b"x"
         client.delete(*keys, f"{tag}:created-mid-move", f"{tag}:counter-mid-move")
     finally:
-        client.close()
+        close_cluster_client(client)
 
 
 def test_session_cluster_still_healthy(redis_cluster: LocalCluster) -> None:

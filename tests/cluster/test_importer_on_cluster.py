@@ -1,0 +1,262 @@
+"""Importer on a real Redis Cluster (IMPORTER_REDIS_CLUSTER=1): shipments to
+six locations whose partitions sit on all three masters, the whole path
+(POST, worker, status, receipts, list, events, console), every Lua script
+run there, and real faults (a master SIGKILLed mid-drain, a busy location's
+slot migrated under load) followed by the invariant checker per location."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from importer.adapters.redis.keys import Keys
+from importer.adapters.redis.scripts import SCRIPT_NAMES, lua_source
+from importer.domain.locations import MAIN
+from importer.domain.receipt import decode_receipt
+from importer.domain.shipment import job_id_for
+from tests.cluster.cluster_nodes import LocalCluster
+from tests.faults.harness import FAULT_ENV, Driver, documented_bound
+from tests.integration.conftest import require_transport
+from tests.integration.support import FIXTURES, System, delete_rabbitmq_queues, wait_for
+
+pytestmark = pytest.mark.integration
+
+SEED = (FIXTURES / "shipment-a-2026.csv").read_bytes()
+SEED_SKUS = {"WIDGET-RED-01": 10, "GADGET-BLU-02": 25, "SPROCKET-07": 5}
+
+
+def spread_locations(cluster: LocalCluster, prefix: str, per_master: int = 2) -> dict[str, list[str]]:
+    """Locations (main first) chosen so that each master holds ``per_master`` of
+    their partitions: master port -> locations (CLUSTER KEYSLOT of each partition's keys)."""
+    by_master: dict[str, list[str]] = {str(m.port): [] for m in cluster.masters()}
+    for i in range(-1, 200):
+        location = MAIN if i < 0 else f"wh-{i}"
+        port = str(cluster.node_of_key(Keys(prefix, location).stock).port)
+        if len(by_master[port]) < per_master:
+            by_master[port].append(location)
+        if all(len(v) == per_master for v in by_master.values()):
+            return by_master
+    raise AssertionError(f"could not spread locations over the masters: {by_master}")
+
+
+def cluster_system(cluster: LocalCluster, tmp_path: Path, transport: str = "redis", **env: str) -> System:
+    require_transport(transport)
+    # Every node named: a process (re)started while one is down still finds the cluster.
+    url = ",".join(f"redis://127.0.0.1:{node.port}" for node in cluster.nodes)
+    return System(url, tmp_path, env_overrides={"IMPORTER_REDIS_CLUSTER": "1", **env}, transport=transport)
+
+
+def _get(system: System, path: str, key: str | None = "default") -> tuple[int, Any]:
+    status, _, raw = system.request("GET", path, key=key)
+    return status, json.loads(raw) if raw else None
+
+
+@pytest.mark.parametrize("transport", ["redis", "rabbitmq"])
+def test_six_locations_on_three_masters_end_to_end(redis_cluster: LocalCluster, tmp_path: Path, transport: str) -> None:
+    system = cluster_system(redis_cluster, tmp_path, transport)
+    try:
+        _end_to_end(redis_cluster, system)
+    finally:
+        system.stop_all()
+        delete_rabbitmq_queues(system)
+
+
+def _end_to_end(cluster: LocalCluster, system: System) -> None:
+    by_master = spread_locations(cluster, system.prefix)
+    locations = [loc for locs in by_master.values() for loc in locs]
+    assert len(locations) == 6 and MAIN in locations and len(by_master) == 3
+    system.start_worker()
+    system.start_http()
+    events_out = system.workdir / "events.jsonl"
+    with events_out.open("wb") as sink:
+        observer = subprocess.Popen(
+            [sys.executable, "-m", "importer.adapters.processes.cli", "events", "--json", "--from", "0"],
+            env={**system.env, "IMPORTER_LOG_FORMAT": "text"}, stdout=sink, stderr=subprocess.DEVNULL,
+        )
+    try:
+        for location in locations:
+            status, _, raw = system.request(
+                "POST", f"/api/imports?batchId=c-1&location={location}", body=SEED, ctype="text/csv",
+            )
+            assert status == 202, raw
+        # A bad file at one location (fail.lua, the rejection report) and its owner's retry refused (retry.lua).
+        status, _, raw = system.request(
+            "POST", "/api/imports", ctype="application/json",
+            body=json.dumps({"batchId": "c-bad", "location": locations[-1], "csv": "sku,quantity\nX,many\n"}).encode(),
+        )
+        assert status == 202, raw
+        bad_job = json.loads(raw)["jobId"]
+        for location in locations:
+            record = system.wait_state(job_id_for("c-1", location))
+            assert (record["state"], record["location"]) == ("completed", location), record
+        assert system.wait_state(bad_job)["state"] == "failed"
+        status, _, report = system.request("GET", f"/api/imports/{bad_job}/rejections.csv")
+        assert status == 200 and b"csv.bad_quantity" in report
+        status, _, raw = system.request("POST", f"/api/imports/{bad_job}/retry")
+        assert status == 409 and json.loads(raw)["code"] == "job.not_retryable", raw
+
+        store = system.store()
+        for location in locations:
+            assert store.stock_of(list(SEED_SKUS), location) == SEED_SKUS
+            status, receipt = _get(system, f"/api/shipments/c-1/receipt?location={location}")
+            assert status == 200 and [i["after"] for i in receipt["items"]] == list(SEED_SKUS.values())
+            status, shipment = _get(system, f"/api/shipments/c-1?location={location}")
+            assert status == 200 and shipment["location"] == location
+        status, page = _get(system, "/api/imports?limit=100")
+        assert status == 200 and len(page["items"]) == 7
+        status, page = _get(system, f"/api/imports?location={locations[1]}")
+        assert [i["id"] for i in page["items"]] == [job_id_for("c-1", locations[1])]
+        status, page = _get(system, "/api/imports", key=system.other_key)
+        assert page["items"] == []
+        status, _, html = system.request("GET", "/", key=None)
+        assert status == 200 and b"<html" in html.lower()
+        status, health = _get(system, "/health", key=None)
+        assert status == 200 and health["status"] == "ok", health
+
+        def completed_seen() -> set[str]:
+            lines = [json.loads(x) for x in events_out.read_text().splitlines() if x.strip()]
+            return {e["jobId"] for e in lines if e["event"] == "completed"}
+
+        wait_for(lambda: len(completed_seen()) == 6, 15, message="the observer saw every location's import")
+    finally:
+        observer.send_signal(signal.SIGTERM)
+        assert observer.wait(timeout=10) == 0
+
+    # Every script ran on the cluster, where its keys live, without a cross-slot error.
+    client = cluster.client()
+    try:
+        ran = set()
+        for master in cluster.masters():
+            node = master.client()
+            loaded = node.script_exists(*[hashlib.sha1(lua_source(n).encode()).hexdigest() for n in SCRIPT_NAMES])
+            ran |= {n for n, yes in zip(SCRIPT_NAMES, loaded) if yes}
+            errors = node.info("errorstats")
+            assert not any("CROSSSLOT" in k for k in errors), errors
+        needed = set(SCRIPT_NAMES) - {"renew"}  # renew: only for an attempt longer than a reconciler tick
+        assert needed <= ran, f"never ran on the cluster: {sorted(needed - ran)}"
+    finally:
+        client.close()
+
+
+# -- faults -------------------------------------------------------------------------------
+
+
+def check_locations(system: System, driver: Driver, *, since: float, bound: float) -> dict[str, Any]:
+    """The invariants, per location: stock = the sum of the distinct applied
+    batches' rows, one journal entry and one receipt each, generation = their
+    number; every accepted job final within ``bound``; completed <=> applied; no 500."""
+    store = system.store()
+    client = store.client
+    accepted = driver.accepted()
+    jobs = {job_id_for(p.batch_id, p.location or MAIN): p for p in accepted}
+
+    def states() -> dict[str, str]:
+        out = {}
+        for job_id in jobs:
+            raw = client.hget(store.partition_of(job_id).job(job_id), "state")
+            out[job_id] = raw.decode() if raw else ""
+        return out
+
+    final_within = None
+    while True:
+        now = states()
+        if all(s in ("completed", "failed") for s in now.values()):
+            final_within = time.monotonic() - since
+            break
+        if time.monotonic() - since > bound:
+            break
+        time.sleep(0.3)
+    stuck = [j for j, s in now.items() if s not in ("completed", "failed")]
+    assert not stuck, f"{len(stuck)} accepted imports not final {bound:.0f}s after the fault: {stuck[:5]}"
+    per_location: Counter[str] = Counter()
+    for location in {p.location or MAIN for p in driver.posts}:
+        k = store.partition(location)
+        posted = {p.batch_id: p.rows for p in driver.posts if (p.location or MAIN) == location}
+        journal = [f[b"batchId"].decode() for _, f in client.xrange(k.journal)]
+        assert len(journal) == len(set(journal)), f"{location}: a batch in the journal twice"
+        applied = {b for b in posted if client.exists(k.done(b))}
+        assert set(journal) == applied, f"{location}: journal != done markers"
+        expected: Counter[str] = Counter()
+        for batch_id in applied:
+            expected.update(posted[batch_id])
+        stock = {key.decode(): int(v) for key, v in client.hgetall(k.stock).items()}
+        assert {s: n for s, n in stock.items() if n} == {s: n for s, n in expected.items() if n}, f"{location}: stock"
+        assert int(client.get(k.generation) or 0) == len(applied), f"{location}: generation"
+        for batch_id in applied:
+            lines = decode_receipt(client.get(k.receipt(batch_id)) or b"")
+            assert {line.sku: line.after - line.before for line in lines} == posted[batch_id], f"{location}: receipt"
+        for p in accepted:
+            if (p.location or MAIN) == location:
+                state = now[job_id_for(p.batch_id, location)]
+                assert (state == "completed") == (p.batch_id in applied), f"{p.batch_id}@{location}: {state}"
+        per_location[location] = len(applied)
+    statuses = driver.statuses()
+    assert 500 not in statuses, f"answers of 500: {statuses}"
+    assert sum(per_location.values()) == len(accepted) - sum(1 for s in now.values() if s == "failed")
+    figures = {
+        "jobs": len(jobs), "completed": sum(per_location.values()), "stuck": 0,
+        "max_time_to_final": round(final_within or 0.0, 1), "statuses": dict(sorted(statuses.items())),
+        "max_request": round(driver.max_duration(), 1), "locations": dict(sorted(per_location.items())),
+    }
+    print(f"[faults] {os.environ.get('PYTEST_CURRENT_TEST', '?').split(' ')[0]}: {json.dumps(figures)}")
+    return figures
+
+
+def test_a_master_sigkilled_mid_drain_fails_over_and_every_import_ends_once(fresh_cluster: Any, tmp_path: Path) -> None:
+    cluster = fresh_cluster(masters=3, replicas_per_master=1)
+    system = cluster_system(cluster, tmp_path, **FAULT_ENV)
+    try:
+        by_master = spread_locations(cluster, system.prefix)
+        locations = tuple(loc for locs in by_master.values() for loc in locs)
+        system.start_worker(threads=4)
+        system.start_http(workers=2)
+        driver = Driver(system, 300, locations=locations).start()
+        assert driver.posted.wait(60), "a quarter of the POSTs accepted before the fault"
+        # The master of two busy locations (not main's: the queue's slot is another scenario's).
+        victim = next(m for m in cluster.masters() if MAIN not in by_master[str(m.port)])
+        cluster.kill(victim, signal.SIGKILL)
+        promoted = cluster.failover_wait(victim, timeout=60)
+        fault_over = time.monotonic()
+        print(f"[faults] master :{victim.port} killed; replica :{promoted.port} took over")
+        driver.join(180)
+        check_locations(system, driver, since=fault_over, bound=documented_bound(system.env) + 30)
+    finally:
+        system.stop_all()
+
+
+def test_a_busy_locations_slot_migrates_under_load(redis_cluster: LocalCluster, tmp_path: Path) -> None:
+    system = cluster_system(redis_cluster, tmp_path, **FAULT_ENV)
+    try:
+        by_master = spread_locations(redis_cluster, system.prefix)
+        locations = tuple(loc for locs in by_master.values() for loc in locs)
+        busy = next(loc for loc in locations if loc != MAIN)
+        slot = redis_cluster.keyslot(Keys(system.prefix, busy).stock)
+        source = redis_cluster.master_of_slot(slot)
+        target = next(m for m in redis_cluster.masters() if m.port != source.port)
+        system.start_worker(threads=4)
+        system.start_http(workers=2)
+        driver = Driver(system, 300, locations=(busy, busy, busy, *locations)).start()
+        assert driver.posted.wait(60)
+        migration = redis_cluster.begin_migration(slot, target)
+        moved = 0
+        while migration.keys_left():  # a few keys at a time, while POSTs and imports go on (ASK, TRYAGAIN)
+            moved += migration.move_batch(5)
+            time.sleep(0.05)
+        migration.finish()
+        fault_over = time.monotonic()
+        assert redis_cluster.master_of_slot(slot).port == target.port
+        print(f"[faults] slot {slot} of {busy}: {moved} keys moved :{source.port} -> :{target.port} under load")
+        driver.join(180)
+        check_locations(system, driver, since=fault_over, bound=documented_bound(system.env) + 30)
+    finally:
+        system.stop_all()
