@@ -85,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("submit", help="send a CSV file over the HTTP API (key from IMPORTER_API_KEY)")
     p.add_argument("file")
     p.add_argument("--batch-id", required=True)
+    p.add_argument("--location", default=None, help="the stock location (default: the server's, main)")
     p.add_argument("--url", default=None, help=url_help)
     p.add_argument("--wait", action="store_true", help="follow the import until it completes or fails")
     p.add_argument("--timeout", type=float, default=600, help="seconds --wait waits at most")

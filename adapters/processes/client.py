@@ -166,7 +166,9 @@ def _target(args: argparse.Namespace) -> tuple[str, str]:
 
 def _describe_problem(status: int, body: Any) -> str:
     if isinstance(body, dict) and "code" in body:
-        return f"{status} {body['code']}: {body.get('detail', '')}"
+        fields = body.get("fields") if isinstance(body.get("fields"), dict) else {}
+        named = "".join(f"\n  {name}: {' '.join(map(str, why))}" for name, why in fields.items())
+        return f"{status} {body['code']}: {body.get('detail', '')}{named}"
     return f"HTTP {status}"
 
 
@@ -268,11 +270,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
     except OSError as err:
         print(f"importer: cannot read {args.file}: {err.strerror}", file=sys.stderr)
         return 2
-    query = urllib.parse.urlencode({"batchId": args.batch_id})
+    query = urllib.parse.urlencode({"batchId": args.batch_id, **({"location": args.location} if args.location else {})})
     body = _accepted(url, f"{url}/api/imports?{query}", key, data, "text/csv")
     if isinstance(body, int):
         return body
-    print(f"accepted {body['jobId']} (batch {body['batchId']}, {body['state']})", flush=True)
+    where = f" at {body['location']}" if body.get("location") else ""
+    print(f"accepted {body['jobId']} (batch {body['batchId']}{where}, {body['state']})", flush=True)
     if not args.wait:
         return 0
     return follow(url, key, body["jobId"], timeout=args.timeout)

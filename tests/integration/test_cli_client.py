@@ -25,7 +25,7 @@ def test_submit_wait_follows_a_good_import_to_completion(system: System) -> None
     out = importer(system, "submit", str(FIXTURES / "shipment-a-2026.csv"), "--batch-id", "cli-1", "--wait")
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0] == "accepted shipment-cli-1 (batch cli-1, waiting)"
+    assert lines[0] == "accepted shipment-cli-1 (batch cli-1 at main, waiting)"
     assert lines[-1] == 'completed shipment-cli-1: {"imported": 3, "batchId": "cli-1"}'
     assert any(line.startswith("completed phase=committed rows=3 attempt=1") for line in lines)
 
@@ -33,6 +33,16 @@ def test_submit_wait_follows_a_good_import_to_completion(system: System) -> None
     assert status.returncode == 0 and json.loads(status.stdout)["state"] == "completed"
     readable = importer(system, "status", "shipment-cli-1")
     assert readable.stdout.startswith("shipment-cli-1: completed (attempt 1, phase committed, rows 3)")
+
+
+def test_submit_to_another_location(system: System) -> None:
+    out = importer(system, "submit", str(FIXTURES / "shipment-a-2026.csv"), "--batch-id", "cli-1", "--location", "oslo", "--wait")
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "accepted shipment-cli-1@oslo (batch cli-1 at oslo, waiting)"
+    assert lines[-1] == 'completed shipment-cli-1@oslo: {"imported": 3, "batchId": "cli-1"}'
+    bad = importer(system, "submit", str(FIXTURES / "shipment-a-2026.csv"), "--batch-id", "cli-2", "--location", "Oslo")
+    assert bad.returncode != 0 and "location" in bad.stderr
 
 
 def test_submit_wait_prints_each_located_issue_of_a_bad_file(system: System) -> None:
