@@ -166,7 +166,9 @@ def _target(args: argparse.Namespace) -> tuple[str, str]:
 
 def _describe_problem(status: int, body: Any) -> str:
     if isinstance(body, dict) and "code" in body:
-        fields = body.get("fields") if isinstance(body.get("fields"), dict) else {}
+        fields = body.get("fields")
+        if not isinstance(fields, dict):
+            fields = {}
         named = "".join(f"\n  {name}: {' '.join(map(str, why))}" for name, why in fields.items())
         return f"{status} {body['code']}: {body.get('detail', '')}{named}"
     return f"HTTP {status}"
