@@ -31,7 +31,7 @@ from dramatiq.middleware import CurrentMessage, Middleware, Retries, ShutdownNot
 
 from importer.adapters.dramatiq import private
 from importer.adapters.logs import log_event
-from importer.adapters.redis.keys import Keys
+from importer.adapters.redis.keys import Keys, location_upload_prefix
 from importer.adapters.redis.records import QueueAck
 from importer.adapters.redis.scripts import fetch_source
 from importer.adapters.settings import Settings
@@ -92,7 +92,11 @@ def build_broker(
         heartbeat_timeout=int(settings.heartbeat_timeout_s * 1000),
         maintenance_chance=settings.maintenance_chance,
         dead_message_ttl=86_400_000,
-        handover=MessageHandover(settings.queue_name, keys.upload(""), one_step),
+        handover=MessageHandover(
+            settings.queue_name, keys.upload(""), one_step,
+            # On one node the fetch also brings the uploads of the other locations' jobs.
+            other_locations=() if settings.redis_cluster else location_upload_prefix(settings.key_prefix),
+        ),
     )
 
 class MessageHandover:
@@ -114,10 +118,12 @@ class MessageHandover:
     #: with messages in its cache, a message of a removed job...).
     MAX_KEPT = 10_000
 
-    def __init__(self, queue_name: str, upload_prefix: str, max_bytes: int) -> None:
+    def __init__(self, queue_name: str, upload_prefix: str, max_bytes: int, other_locations: tuple[str, ...] = ()) -> None:
         self.queue_name = queue_name
         self.upload_prefix = upload_prefix
         self.max_bytes = max_bytes
+        #: The two halves of another location's upload prefix around its name, () = main's jobs only (fetch.lua).
+        self.other_locations = other_locations
         self.namespace = ""
         self.worker_id = ""
         self._uploads: dict[str, bytes] = {}
@@ -211,7 +217,7 @@ class ImporterRedisBroker(RedisBroker):
             args=[
                 "fetch", current_millis(), queue_name, self.broker_id, self.heartbeat_timeout,
                 self.dead_message_ttl, private.should_do_maintenance(self, "fetch"), private.max_unpack_size(self), prefetch,
-                h.upload_prefix, h.max_bytes, ACTOR_NAME,
+                h.upload_prefix, h.max_bytes, ACTOR_NAME, *(h.other_locations or ("", "")),
             ],
         )
         if ids:

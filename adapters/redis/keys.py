@@ -16,6 +16,12 @@ def location_prefix(prefix: str, location: str) -> str:
     return f"{prefix[:close]}@{location}{prefix[close:]}"
 
 
+def location_upload_prefix(prefix: str) -> tuple[str, str]:
+    """('{importer@', '}:upload:'): another location's upload prefix is the first, its name, the second (fetch.lua)."""
+    head, tail = location_prefix(prefix, "\0").split("\0")
+    return head, f"{tail}upload:"
+
+
 class Keys:
     """Every key name, under one hash-tagged prefix: the one place they are made.
 

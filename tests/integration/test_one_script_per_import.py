@@ -19,6 +19,7 @@ from dramatiq.brokers.redis import _scripts as dramatiq_scripts
 
 from importer.adapters.dramatiq import private
 from importer.adapters.redis.scripts import fetch_source, lua_source
+from importer.domain.shipment import job_id_for
 from tests.integration.support import FIXTURES, System, stored_messages, wait_for
 
 pytestmark = pytest.mark.integration
@@ -78,8 +79,8 @@ def _script_calls(commands: list[str]) -> Counter[str]:
 
 
 def _events(system: System, job_id: str) -> list[Any]:
-    client = redis.Redis.from_url(system.redis_url)
-    entries = client.xrange(f"{system.prefix}events:{job_id}")
+    store = system.store()
+    entries = store.client.xrange(store.partition_of(job_id).job_events(job_id))
     kinds = []
     for _, fields in entries:
         kind = fields[b"event"].decode()
@@ -88,14 +89,18 @@ def _events(system: System, job_id: str) -> list[Any]:
 
 
 @pytest.mark.parametrize(
-    ("bound", "expected"),
+    ("bound", "expected", "location"),
     [
-        (str(16 * 1024), {"start_apply": 1}),
-        (str(len(SEED) - 1), {"start": 1, "apply": 1, "dramatiq ack": 1}),
+        (str(16 * 1024), {"start_apply": 1}, "main"),
+        # On one node another location's import is one script call too (its upload comes with the fetch).
+        (str(16 * 1024), {"start_apply": 1}, "paris"),
+        (str(len(SEED) - 1), {"start": 1, "apply": 1, "dramatiq ack": 1}, "main"),
     ],
-    ids=["small-one-script", "over-the-bound-separate-steps"],
+    ids=["small-one-script", "small-one-script-at-another-location", "over-the-bound-separate-steps"],
 )
-def test_the_worker_calls_and_the_events_of_one_import(make_system: Any, bound: str, expected: dict[str, int]) -> None:
+def test_the_worker_calls_and_the_events_of_one_import(
+    make_system: Any, bound: str, expected: dict[str, int], location: str,
+) -> None:
     system: System = make_system(IMPORTER_ONE_STEP_MAX_BYTES=bound)
     system.start_http()
     system.start_worker(threads=1)
@@ -107,8 +112,11 @@ def test_the_worker_calls_and_the_events_of_one_import(make_system: Any, bound: 
     client.close()
     monitor = Monitor(system)
     try:
-        assert system.post_csv("one-1", SEED)[0] == 202
-        record = system.wait_state("shipment-one-1")
+        query = "" if location == "main" else f"&location={location}"
+        status, _, _ = system.request("POST", f"/api/imports?batchId=one-1{query}", body=SEED, ctype="text/csv")
+        assert status == 202
+        job_id = job_id_for("one-1", location)
+        record = system.wait_state(job_id)
         # Acknowledged: the message is gone from dramatiq's message hash.
         wait_for(lambda: stored_messages(system) == 0, 10, message="the message acknowledged")
         time.sleep(0.3)
@@ -121,11 +129,11 @@ def test_the_worker_calls_and_the_events_of_one_import(make_system: Any, bound: 
     per_import = {name: n for name, n in calls.items() if name in ("start", "apply", "start_apply", "fail", "dramatiq ack")}
     assert per_import == expected, calls
     assert calls["fetch"] >= 1, calls  # the queue is fetched by fetch.lua (dramatiq's fetch inside), its delay queue by dramatiq
-    assert _events(system, "shipment-one-1") == [
+    assert _events(system, job_id) == [
         "waiting", "active", '{"phase":"validated","rows":3}', '{"phase":"committed","rows":3}', "completed",
     ]
-    assert system.store().stock_of(["WIDGET-RED-01"]) == {"WIDGET-RED-01": 10}
-    assert system.store().generation() == 1
+    assert system.store().stock_of(["WIDGET-RED-01"], location) == {"WIDGET-RED-01": 10}
+    assert system.store().generation(location) == 1
 
 
 def test_an_invalid_small_upload_fails_with_its_issues_and_its_message_is_rejected(make_system: Any) -> None:
