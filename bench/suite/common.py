@@ -18,6 +18,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import dramatiq.brokers.redis as dramatiq_redis  # noqa: E402
+from importer.adapters.dramatiq import private  # noqa: E402
 from importer.adapters.redis.scripts import SCRIPT_NAMES, fetch_source, lua_source  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -159,7 +160,7 @@ class OtherLoad:
 def script_names() -> dict[str, str]:
     """sha1 -> readable name, for Importer's scripts and dramatiq's."""
     names = {hashlib.sha1(lua_source(name).encode()).hexdigest(): f"{name}.lua" for name in SCRIPT_NAMES}
-    names[hashlib.sha1(fetch_source().encode()).hexdigest()] = "fetch.lua (dramatiq's fetch + small uploads)"
+    names[hashlib.sha1(fetch_source(private.dispatch_script()).encode()).hexdigest()] = "fetch.lua (dramatiq's fetch + small uploads)"
     for name, src in dramatiq_redis._scripts.items():
         names[hashlib.sha1(src if isinstance(src, bytes) else src.encode()).hexdigest()] = f"dramatiq {name}.lua"
     return names
