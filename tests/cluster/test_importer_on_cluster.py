@@ -1,8 +1,9 @@
 """Importer on a real Redis Cluster (IMPORTER_REDIS_CLUSTER=1): shipments to
 six locations whose partitions sit on all three masters, the whole path
 (POST, worker, status, receipts, list, events, console), every Lua script
-run there, and real faults (a master SIGKILLed mid-drain, a busy location's
-slot migrated under load) followed by the invariant checker per location."""
+run there, and real faults (a master SIGKILLed mid-drain, a location's slot
+migrated while the others are busy) followed by the invariant checker per
+location."""
 
 from __future__ import annotations
 
