@@ -99,17 +99,51 @@ def _refusal(exc: redis.ResponseError) -> BaseException:
     return exc
 
 
-class ImporterRedis(redis.Redis):
+class ThreadConnections:
+    """Connections of each calling thread's own, by a name (one per node),
+    outside redis-py's pool: the store's scripts run on them
+    (ImporterRedis.run_script, ImporterRedisCluster.run_script). Closed with
+    the client; forgotten in a forked child (the parent's sockets are the parent's)."""
+
+    def _init_own(self) -> None:
+        self._own = threading.local()
+        self._own_lock = threading.Lock()
+        self._own_connections: list[Any] = []
+        _FORKED_CLIENTS.add(self)
+
+    def _own_connection(self, name: str, pool: Any) -> Any:
+        """This thread's connection named ``name``, made from ``pool``'s settings (it connects on first use)."""
+        connections = getattr(self._own, "connections", None)
+        if connections is None:
+            connections = self._own.connections = {}
+        connection = connections.get(name)
+        if connection is None:
+            connection = connections[name] = pool.connection_class(**pool.connection_kwargs)
+            with self._own_lock:
+                self._own_connections.append(connection)
+        return connection
+
+    def _close_own(self) -> None:
+        """Closes every thread's own connection (after the threads stopped calling)."""
+        with self._own_lock:
+            connections, self._own_connections = self._own_connections, []
+        for connection in connections:
+            connection.disconnect()
+
+    def _forget_own_connections(self) -> None:
+        self._own = threading.local()
+        self._own_lock = threading.Lock()
+        self._own_connections = []
+
+
+class ImporterRedis(ThreadConnections, redis.Redis):
     """The client of the store and of dramatiq's Redis broker: a sick server's
     refusals are ConnectionErrors; the store's scripts run on a connection of
     the calling thread's own (:meth:`run_script`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._own = threading.local()
-        self._own_lock = threading.Lock()
-        self._own_connections: list[Any] = []
-        _FORKED_CLIENTS.add(self)  # forgets its threads' connections in a forked child
+        self._init_own()
 
     def execute_command(self, *args: Any, **options: Any) -> Any:
         # Outside redis-py's retry wrapper on purpose: a refused command is not retried here.
@@ -167,31 +201,15 @@ class ImporterRedis(redis.Redis):
             raise
 
     def _thread_connection(self) -> Any:
-        connection = getattr(self._own, "connection", None)
-        if connection is None:
-            pool = self.connection_pool
-            connection = pool.connection_class(**pool.connection_kwargs)  # connects on first use
-            with self._own_lock:
-                self._own_connections.append(connection)
-            self._own.connection = connection
-        return connection
+        return self._own_connection("", self.connection_pool)
 
     def close(self) -> None:
         """Also closes every thread's own connection (after the threads stopped calling)."""
-        with self._own_lock:
-            connections, self._own_connections = self._own_connections, []
-        for connection in connections:
-            connection.disconnect()
+        self._close_own()
         super().close()
 
-    def _forget_own_connections(self) -> None:
-        """In a forked child: the parent's sockets are the parent's."""
-        self._own = threading.local()
-        self._own_lock = threading.Lock()
-        self._own_connections = []
 
-
-class ImporterRedisCluster(redis.RedisCluster):
+class ImporterRedisCluster(ThreadConnections, redis.RedisCluster):
     """The store's client on a Redis Cluster (IMPORTER_REDIS_CLUSTER=1): redis-py's
     RedisCluster (slots discovered from any one node, MOVED and ASK followed),
     with a sick node's refusals raised as ConnectionErrors, as ImporterRedis does.
@@ -207,11 +225,8 @@ class ImporterRedisCluster(redis.RedisCluster):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._own = threading.local()
-        self._own_lock = threading.Lock()
-        self._own_connections: list[Any] = []
+        self._init_own()
         self._slots: dict[str, int] = {}
-        _FORKED_CLIENTS.add(self)
 
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         # A slot without a master is a ConnectionError too: dramatiq's consumer
@@ -236,7 +251,7 @@ class ImporterRedisCluster(redis.RedisCluster):
         if slot is None:
             slot = self._slots[tag] = self.keyslot(first)
         node = self.nodes_manager.get_node_from_slot(slot)
-        connection = self._node_connection(node)
+        connection = self._own_connection(node.name, node.redis_connection.connection_pool)
         try:
             connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
             return connection.read_response()
@@ -259,29 +274,9 @@ class ImporterRedisCluster(redis.RedisCluster):
         # cluster client follows, refreshes its slots and loads the script (EVAL).
         return script(keys=keys, args=args)
 
-    def _node_connection(self, node: Any) -> Any:
-        connections = getattr(self._own, "connections", None)
-        if connections is None:
-            connections = self._own.connections = {}
-        connection = connections.get(node.name)
-        if connection is None:
-            pool = node.redis_connection.connection_pool
-            connection = connections[node.name] = pool.connection_class(**pool.connection_kwargs)
-            with self._own_lock:
-                self._own_connections.append(connection)
-        return connection
-
     def close(self) -> None:
-        with self._own_lock:
-            connections, self._own_connections = self._own_connections, []
-        for connection in connections:
-            connection.disconnect()
+        self._close_own()
         super().close()
-
-    def _forget_own_connections(self) -> None:
-        self._own = threading.local()
-        self._own_lock = threading.Lock()
-        self._own_connections = []
 
 
 #: Replies after which a script did not run on that node (redirected, no master, unknown script).
@@ -295,7 +290,7 @@ class ClusterUnavailable(redis.ConnectionError):
     """A Redis Cluster that cannot serve a slot now (failover, CLUSTERDOWN, TRYAGAIN, no node answering)."""
 
 
-_FORKED_CLIENTS: "weakref.WeakSet[ImporterRedis | ImporterRedisCluster]" = weakref.WeakSet()
+_FORKED_CLIENTS: "weakref.WeakSet[ThreadConnections]" = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
