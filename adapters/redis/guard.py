@@ -37,7 +37,20 @@ class RedisReport:
 
 
 def inspect_redis(client: RedisClient) -> RedisReport:
-    """Reads INFO (which managed services allow even where CONFIG is disabled)."""
+    """Reads INFO (which managed services allow even where CONFIG is disabled).
+
+    On a Redis Cluster, every master's: the report of the first one that
+    evicts, else of the first without persistence, else of the first (an
+    evicted done marker on any master could let a shipment be added twice)."""
+    if isinstance(client, redis.RedisCluster):
+        reports = [_inspect_node(node.redis_connection) for node in client.get_primaries()]
+        evicting = [r for r in reports if r.policy != "noeviction"]
+        unpersisted = [r for r in reports if r.persistence == "none"]
+        return (evicting or unpersisted or reports)[0]
+    return _inspect_node(client)
+
+
+def _inspect_node(client: redis.Redis) -> RedisReport:
     server = client.info("server")
     memory = client.info("memory")
     persistence = client.info("persistence")

@@ -290,3 +290,27 @@ def test_a_locations_slot_migrates_while_the_others_are_busy(redis_cluster: Loca
         check_locations(system, Drivers(before, during, after), since=fault_over, bound=documented_bound(system.env) + 30)
     finally:
         system.stop_all()
+
+
+def test_an_evicting_master_anywhere_is_refused(redis_cluster: LocalCluster, tmp_path: Path) -> None:
+    """Every master must be noeviction (an evicted done marker could let a
+    shipment be added twice): `importer doctor` fails on the one that is not,
+    and `importer worker` refuses to start."""
+    system = cluster_system(redis_cluster, tmp_path)
+    master = redis_cluster.masters()[-1].client()
+    master.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        doctor = subprocess.run(
+            [sys.executable, "-m", "importer.adapters.processes.cli", "doctor"],
+            env=system.env, capture_output=True, text=True, timeout=60,
+        )
+        assert doctor.returncode != 0, doctor.stdout
+        assert "[FAIL] maxmemory-policy: allkeys-lru" in doctor.stdout, doctor.stdout
+        worker = subprocess.run(
+            [sys.executable, "-m", "importer.adapters.processes.cli", "worker"],
+            env=system.env, capture_output=True, text=True, timeout=60,
+        )
+        assert worker.returncode != 0 and "noeviction" in worker.stdout + worker.stderr
+    finally:
+        master.config_set("maxmemory-policy", "noeviction")
+        master.close()
