@@ -139,8 +139,26 @@ def _stop_while_the_server_runs_it(server: Any, admin: Any, child: int, step: Tr
     raise AssertionError("never caught the server running the step")
 
 
+#: Tries of a point whose stop came late (the worker had already sent the
+#: next step when the signal landed): the harness missed the moment, which
+#: says nothing of the product; each try is a fresh server, system and batch.
+TRIES = 3
+
+
 @pytest.mark.parametrize("point", POINTS, ids=lambda p: p.id)
 def test_worker_killed_at_a_crash_point(make_redis: Any, make_faulty: Any, point: Point) -> None:
+    late = []
+    for attempt in range(1, TRIES + 1):
+        missed = _kill_at_the_point(make_redis, make_faulty, point, attempt)
+        if not missed:
+            return
+        late.append(missed)
+    pytest.fail(f"the stop came late in all {TRIES} tries: {late}")
+
+
+def _kill_at_the_point(make_redis: Any, make_faulty: Any, point: Point, attempt: int) -> str:
+    """One try: '' when the worker died at the point and every promise held
+    (any broken one raises), else why the stop came late."""
     began = time.monotonic()
     # everysec: no fsync in the server's thread, which the busy-server probe
     # could take for a running script (nothing here restarts the server).
@@ -155,7 +173,7 @@ def test_worker_killed_at_a_crash_point(make_redis: Any, make_faulty: Any, point
     body = csv_for(rows)
     one_step_max = int(point.env.get("IMPORTER_ONE_STEP_MAX_BYTES", ONE_STEP_MAX))
     assert (len(body) <= one_step_max) == (point.path == "one_step"), len(body)  # the path the upload takes
-    batch_id, job_id = f"cp-{point.id}", f"shipment-cp-{point.id}"
+    batch_id, job_id = f"cp-{point.id}-{attempt}", f"shipment-cp-{point.id}-{attempt}"
     fetched = _fetched(f"{system.prefix}dramatiq:__acks__.".encode())
     step_sha = script_sha(point.step) if point.step != "fetch" else ""
 
@@ -203,10 +221,13 @@ def test_worker_killed_at_a_crash_point(make_redis: Any, make_faulty: Any, point
         ran_scripts = {name for name in ("fetch", "dispatch", "start", "apply", "start_apply")
                        if any(ln.is_script(script_sha(name)) for ln in ran)}
         for forbidden in point.not_after:
-            if forbidden == "ack":
-                assert not [ln for ln in ran if _is_ack(ln, acks_key, message_id)], "it acknowledged before it stopped"
-            else:
-                assert forbidden not in ran_scripts, f"it ran {forbidden} before it stopped: the stop came late"
+            came_late = (bool([ln for ln in ran if _is_ack(ln, acks_key, message_id)]) if forbidden == "ack"
+                         else forbidden in ran_scripts)
+            if came_late:
+                os.kill(child, signal.SIGKILL)
+                doomed.popen.wait(timeout=15)
+                system.stop_all()
+                return f"it ran {forbidden} before it stopped (try {attempt})"
         if point.how == WHILE_RUNNING:
             assert "import.applied" not in doomed.log(), "it had read the apply's reply"
         state, attempt = (v.decode() if v else "" for v in admin.hmget(f"{system.prefix}job:{job_id}", "state", "attempt"))
@@ -257,4 +278,5 @@ def test_worker_killed_at_a_crash_point(make_redis: Any, make_faulty: Any, point
     print(f"[crash] {point.id}: ran_after_step={sorted(ran_scripts) or '-'}{detail} at_crash: {at_crash}; "
           f"path: {shown}; final={record['state']} attempt={record['attempt']} applied_once=True; "
           f"picked_up={picked_up:.1f}s final={final_s:.1f}s drained<={drained:.1f}s "
-          f"(documented {DOCUMENTED[point.at_crash]:.0f}s); test={time.monotonic() - began:.1f}s")
+          f"(documented {DOCUMENTED[point.at_crash]:.0f}s); test={time.monotonic() - began:.1f}s try={attempt}")
+    return ""
