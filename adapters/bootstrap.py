@@ -24,7 +24,7 @@ from redis.retry import Retry
 from importer.adapters.logs import log_event
 from importer.adapters.metrics import HttpMetrics
 from importer.adapters.dramatiq.broker import build_broker
-from importer.adapters.dramatiq.middleware import AttemptRecorder, CloseConnections, Reconciler
+from importer.adapters.dramatiq.middleware import AttemptRecorder, CloseConnections, LocationConsumers, Reconciler
 from importer.adapters.dramatiq.producer import ImportQueue
 from importer.adapters.dramatiq.rabbitmq import BoundedRabbitmqBroker
 from importer.adapters.dramatiq.runner import ImportRunner, declare_import_actor
@@ -240,7 +240,9 @@ def build_worker(settings: Settings) -> dramatiq.Broker:
 
         attempts = FaultyAttemptStore(store, Faults(settings.fault))
     runner = ImportRunner(attempts, settings)
-    middleware = [Reconciler(store, runner, settings), WorkerPresence(store, settings), CloseConnections(client)]
+    middleware = [
+        Reconciler(store, runner, settings), WorkerPresence(store, settings), LocationConsumers(store), CloseConnections(client),
+    ]
     if settings.worker_metrics_port:
         from importer.adapters.processes.worker_metrics import WorkerPrometheus
 

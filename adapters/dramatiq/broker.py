@@ -31,7 +31,7 @@ from dramatiq.middleware import CurrentMessage, Middleware, Retries, ShutdownNot
 
 from importer.adapters.dramatiq import private
 from importer.adapters.logs import log_event
-from importer.adapters.redis.keys import Keys, location_upload_prefix
+from importer.adapters.redis.keys import Keys, LocationQueues, location_upload_prefix
 from importer.adapters.redis.records import QueueAck
 from importer.adapters.redis.scripts import fetch_source
 from importer.adapters.settings import Settings
@@ -92,9 +92,11 @@ def build_broker(
         heartbeat_timeout=int(settings.heartbeat_timeout_s * 1000),
         maintenance_chance=settings.maintenance_chance,
         dead_message_ttl=86_400_000,
+        # On a cluster each location's messages are in its own partition (its slot).
+        location_queues=LocationQueues(settings.key_prefix, settings.queue_name, per_location=settings.redis_cluster and not url),
         handover=MessageHandover(
-            settings.queue_name, keys.upload(""), one_step,
-            # On one node the fetch also brings the uploads of the other locations' jobs.
+            one_step,
+            # On one node main's queue holds every location's messages: its fetch brings their uploads too.
             other_locations=() if settings.redis_cluster else location_upload_prefix(settings.key_prefix),
         ),
     )
@@ -118,22 +120,21 @@ class MessageHandover:
     #: with messages in its cache, a message of a removed job...).
     MAX_KEPT = 10_000
 
-    def __init__(self, queue_name: str, upload_prefix: str, max_bytes: int, other_locations: tuple[str, ...] = ()) -> None:
-        self.queue_name = queue_name
-        self.upload_prefix = upload_prefix
+    def __init__(self, max_bytes: int, other_locations: tuple[str, ...] = ()) -> None:
         self.max_bytes = max_bytes
-        #: The two halves of another location's upload prefix around its name, () = main's jobs only (fetch.lua).
+        #: The two halves of another location's upload prefix around its name, () = the queue's location's jobs only (fetch.lua).
         self.other_locations = other_locations
-        self.namespace = ""
+        self.location_queues: LocationQueues | None = None
         self.worker_id = ""
-        self._uploads: dict[str, bytes] = {}
+        # redis_message_id -> (upload, the queue it was fetched from)
+        self._uploads: dict[str, tuple[bytes, str]] = {}
         self._acked: set[str] = set()
 
-    def keep(self, redis_message_ids: list[Any], uploads: list[bytes]) -> None:
+    def keep(self, queue_name: str, redis_message_ids: list[Any], uploads: list[bytes]) -> None:
         if len(self._uploads) > self.MAX_KEPT:
             self._uploads.clear()  # the actor then takes the separate steps: nothing is lost
         for rid, upload in zip(redis_message_ids, uploads):
-            self._uploads[rid.decode() if isinstance(rid, bytes) else rid] = upload
+            self._uploads[rid.decode() if isinstance(rid, bytes) else rid] = (upload, queue_name)
 
     def drop(self, redis_message_ids: list[str]) -> None:
         for rid in redis_message_ids:
@@ -142,15 +143,16 @@ class MessageHandover:
     def take(self, message: Any) -> tuple[bytes, QueueAck] | None:
         """The upload that came with this message and the ack the script makes, or None."""
         rid = message.options.get("redis_message_id") if message is not None else None
-        if not rid:
+        if not rid or self.location_queues is None:
             return None
-        upload = self._uploads.pop(rid, None)
-        if upload is None:
+        kept = self._uploads.pop(rid, None)
+        if kept is None:
             return None
-        ns = self.namespace
+        upload, queue = kept
+        ns = self.location_queues.namespace_of(queue)
         return upload, QueueAck(
-            acks_key=private.acks_key(ns, self.worker_id, self.queue_name),
-            messages_key=private.messages_key(ns, self.queue_name), heartbeats_key=private.heartbeats_key(ns),
+            acks_key=private.acks_key(ns, self.worker_id, queue),
+            messages_key=private.messages_key(ns, queue), heartbeats_key=private.heartbeats_key(ns),
             redis_message_id=rid, worker_id=self.worker_id, acknowledged=lambda: self._acked.add(rid),
         )
 
@@ -194,32 +196,55 @@ class _SafeRequeueConsumer(private.RedisConsumer):
 
 class ImporterRedisBroker(RedisBroker):
     """dramatiq's Redis broker with :class:`_SafeRequeueConsumer`, whose fetch
-    brings small uploads with their messages (:class:`MessageHandover`)."""
+    brings small uploads with their messages (:class:`MessageHandover`), and
+    whose every dispatch call finds its namespace from the queue's name
+    (:class:`LocationQueues`: on a cluster, each location's queue is in its
+    own partition)."""
 
-    def __init__(self, *, handover: MessageHandover, **kwargs: Any) -> None:
+    location_queues: LocationQueues
+    handover: MessageHandover
+
+    def __init__(self, *, handover: MessageHandover, location_queues: LocationQueues, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        handover.namespace = self.namespace
+        handover.location_queues = location_queues
         handover.worker_id = self.broker_id
         self.handover = handover
+        self.location_queues = location_queues
         self._fetch = self.client.register_script(fetch_source(private.dispatch_script()))
 
     @property
     def consumer_class(self) -> Any:
         return _SafeRequeueConsumer
 
+    def _dispatch(self, command: str) -> Any:
+        """dramatiq's dispatch call (RedisBroker._dispatch), with the namespace of the queue's location."""
+        dispatch, queues = self.scripts["dispatch"], self.location_queues
+
+        def do_dispatch(queue_name: str, *args: Any) -> Any:
+            return dispatch(
+                args=[
+                    command, current_millis(), queue_name, self.broker_id, self.heartbeat_timeout,
+                    self.dead_message_ttl, private.should_do_maintenance(self, command),
+                    private.max_unpack_size(self), *args,
+                ],
+                keys=queues.dispatch_keys(queue_name),
+            )
+
+        return do_dispatch
+
     def do_fetch(self, queue_name: str, prefetch: int) -> list[Any]:
         """dramatiq's fetch (its dispatch script, run by fetch.lua), plus the small uploads."""
-        h = self.handover
-        if h.max_bytes <= 0 or queue_name != h.queue_name:
+        h, queues = self.handover, self.location_queues
+        if h.max_bytes <= 0 or not queues.is_import_queue(queue_name):
             return private.dispatch(self, "fetch")(queue_name, prefetch)  # type: ignore[no-any-return]
         messages, ids, uploads = self._fetch(
-            keys=[self.namespace],
+            keys=queues.dispatch_keys(queue_name),
             args=[
                 "fetch", current_millis(), queue_name, self.broker_id, self.heartbeat_timeout,
                 self.dead_message_ttl, private.should_do_maintenance(self, "fetch"), private.max_unpack_size(self), prefetch,
-                h.upload_prefix, h.max_bytes, ACTOR_NAME, *(h.other_locations or ("", "")),
+                queues.upload_prefix_of(queue_name), h.max_bytes, ACTOR_NAME, *(h.other_locations or ("", "")),
             ],
         )
         if ids:
-            h.keep(ids, uploads)
+            h.keep(queue_name, ids, uploads)
         return messages  # type: ignore[no-any-return]

@@ -9,7 +9,6 @@ import threading
 import time
 from typing import Any
 
-from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import current_millis
 from dramatiq.middleware import Middleware
 
@@ -22,6 +21,7 @@ from importer.adapters.settings import Settings
 from importer.domain.errors import PublicError
 from importer.domain.run_import import PermanentImportFailure
 
+from importer.adapters.dramatiq.broker import ImporterRedisBroker
 from importer.adapters.dramatiq.producer import ImportQueue
 from importer.adapters.dramatiq.runner import ImportRunner, PendingFailure, code_for, where
 
@@ -175,34 +175,37 @@ class Reconciler(Middleware):
         self._drop_stranded_acks()
         return sent
 
-    def _queues(self) -> tuple[str, str]:
+    def _queues(self) -> list[str]:
+        """Every location's queue and its delay queue (one of each on one node)."""
         from dramatiq.common import dq_name
 
-        return self.settings.queue_name, dq_name(self.settings.queue_name)
+        queues = {self.broker.location_queues.queue_of(location) for location in self.store.locations()}
+        return [name for queue in sorted(queues) for name in (queue, dq_name(queue))]
 
     def _requeue_dead_workers(self) -> None:
         """dramatiq's own maintenance (dead workers' unacked messages back to
         the queue), run every pass instead of on a random fraction of calls."""
         broker = self.broker
-        if not isinstance(broker, RedisBroker):
+        if not isinstance(broker, ImporterRedisBroker):
             return
         with store_errors():
             for queue in self._queues():
                 broker.scripts["dispatch"](
                     args=["qsize", current_millis(), queue, broker.broker_id, broker.heartbeat_timeout,
                           broker.dead_message_ttl, 1, private.max_unpack_size(broker)],
-                    keys=[broker.namespace],
+                    keys=broker.location_queues.dispatch_keys(queue),
                 )
 
     def _drop_stranded_acks(self) -> int:
         """Messages of finished (or removed) jobs left in any worker's acks set."""
         broker = self.broker
-        if not isinstance(broker, RedisBroker):
+        if not isinstance(broker, ImporterRedisBroker):
             return 0
-        client, ns, dropped = broker.client, broker.namespace, 0
+        client, dropped = broker.client, 0
         with store_errors():
-            workers = members_of(client.zrange(private.heartbeats_key(ns), 0, -1))
             for queue in self._queues():
+                ns = broker.location_queues.namespace_of(queue)
+                workers = members_of(client.zrange(private.heartbeats_key(ns), 0, -1))
                 msgs_key = private.messages_key(ns, queue)
                 for worker_id in workers:
                     acks_key = private.acks_key(ns, worker_id, queue)
@@ -213,7 +216,7 @@ class Reconciler(Middleware):
                     job_ids = [_job_id_in(body) for body in bodies]
                     pipe = client.pipeline(transaction=False)
                     for job_id in job_ids:
-                        pipe.hget(self.store.keys.job(job_id), "state") if job_id else pipe.echo("")
+                        pipe.hget(self.store.partition_of(job_id).job(job_id), "state") if job_id else pipe.echo("")
                     states = pipe.execute()
                     drop = [mid for mid, body, state in zip(ids, bodies, states)
                             if body is None or state in (None, b"", b"completed", b"failed")]
@@ -236,6 +239,48 @@ def _job_id_in(raw: bytes | str | None) -> str:
         return str(body.get("jobId") or "") if isinstance(body, dict) else ""
     except (ValueError, KeyError, IndexError, TypeError):
         return ""
+
+class LocationConsumers(Middleware):
+    """On a Redis Cluster, each location's messages are in a queue of its own
+    partition (LocationQueues): this worker consumes every location's queue.
+
+    At boot and then every ``interval_s`` it reads the locations registry
+    (one SMEMBERS in the control partition) and declares the queue of each
+    location it does not consume yet; dramatiq's worker then starts a consumer
+    for it and for its delay queue. A location's first import waits at most
+    that long. Nothing to do on one node or on RabbitMQ (one queue).
+    """
+
+    def __init__(self, store: RedisStore, interval_s: float = 1.0) -> None:
+        self.store = store
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def after_worker_boot(self, broker: Any, worker: Any) -> None:
+        queues = getattr(broker, "location_queues", None)
+        if queues is None or not queues.per_location:
+            return
+        self._thread = threading.Thread(target=self._loop, args=(broker, queues), name="importer-locations", daemon=True)
+        self._thread.start()
+
+    def before_worker_shutdown(self, broker: Any, worker: Any) -> None:
+        self._stop.set()
+
+    def _loop(self, broker: Any, queues: Any) -> None:
+        while not self._stop.is_set():
+            try:
+                for location in self.store.locations():
+                    queue = queues.queue_of(location)
+                    if queue not in broker.queues and not self._stop.is_set():
+                        broker.declare_queue(queue)
+                        log_event(log, "worker.location_queue", location=location, queue=queue)
+            except StoreUnavailable:
+                pass  # the next look, once the control partition answers
+            except Exception:  # never let this thread die
+                log.exception("worker.location_queues_error")
+            self._stop.wait(self.interval_s)
+
 
 class CloseConnections(Middleware):
     """Closes the worker process's Redis connections after dramatiq has stopped

@@ -14,7 +14,9 @@ changed: run it first.
 * ``RedisBroker._dispatch``, ``_should_do_maintenance`` and
   ``_max_unpack_size``, and the broker's script text (``_scripts``): the fetch
   brings small uploads with their messages by running dramatiq's own dispatch
-  script with the arguments dramatiq passes.
+  script with the arguments dramatiq passes; ImporterRedisBroker overrides
+  ``_dispatch`` (which every ``do_<command>`` call goes through, by the
+  broker's ``__getattr__``) to pass the namespace of the queue's location.
 * ``dramatiq.middleware.prometheus._run_exposition_server``: ``importer
   worker``'s metrics exporter is dramatiq's, in a process of its own.
 """
@@ -46,7 +48,7 @@ def heartbeats_key(namespace: str) -> str:
 
 
 def dispatch(broker: RedisBroker, command: str) -> Any:
-    """dramatiq's call of its dispatch script for ``command`` (e.g. "fetch")."""
+    """dramatiq's call of its dispatch script for ``command`` (e.g. "fetch"), through ``broker._dispatch``."""
     return broker._dispatch(command)
 
 

@@ -17,7 +17,8 @@ from importer.adapters.redis.records import OutgoingMessage
 from importer.adapters.settings import Settings
 from importer.domain.contract import encode_message
 
-from importer.adapters.dramatiq.broker import ACTOR_NAME
+from importer.adapters.dramatiq.broker import ACTOR_NAME, ImporterRedisBroker
+from importer.domain.locations import location_of_job
 from importer.domain.ids import random_uuid
 
 log = logging.getLogger("importer.worker")
@@ -38,7 +39,14 @@ class ImportQueue:
         self._new_id = new_id
 
     def send(self, *, job_id: str, batch_id: str, upload_id: str) -> None:
-        self.send_raw(self._body(job_id, batch_id, upload_id))
+        self.send_raw(self._body(job_id, batch_id, upload_id), self._queue_of(job_id))
+
+    def _queue_of(self, job_id: str) -> str:
+        """The queue of the job's location (dramatiq's Redis broker on a cluster:
+        the location's own, LocationQueues); one queue on RabbitMQ and on one node."""
+        if isinstance(self.broker, ImporterRedisBroker):
+            return self.broker.location_queues.queue_of(location_of_job(job_id))
+        return self.settings.queue_name
 
     def _body(self, job_id: str, batch_id: str, upload_id: str) -> dict[str, Any]:
         # A version 2 message carries the request id of the POST that made the job (none outside a request).
@@ -46,12 +54,10 @@ class ImportQueue:
             job_id, batch_id, upload_id, version=self.settings.producer_version, request_id=self._request_id()
         )
 
-    def _message(self, body: dict[str, Any]) -> dramatiq.Message[Any]:
-        return dramatiq.Message(
-            queue_name=self.settings.queue_name, actor_name=ACTOR_NAME, args=(body,), kwargs={}, options={}
-        )
+    def _message(self, body: dict[str, Any], queue_name: str) -> dramatiq.Message[Any]:
+        return dramatiq.Message(queue_name=queue_name, actor_name=ACTOR_NAME, args=(body,), kwargs={}, options={})
 
-    def send_raw(self, body: dict[str, Any]) -> None:
+    def send_raw(self, body: dict[str, Any], queue_name: str | None = None) -> None:
         """Send any body, valid or not (tests use it to send a v2 message).
 
         Any failure of the broker or of its Redis (refused, timed out, out of
@@ -61,7 +67,7 @@ class ImportQueue:
         (a blocked connection, a silent broker: adapters/dramatiq/rabbitmq.py).
         """
         try:
-            self.broker.enqueue(self._message(body))
+            self.broker.enqueue(self._message(body, queue_name or self.settings.queue_name))
         except dramatiq.errors.BrokerError as exc:  # RabbitMQ: refused, closed, not confirmed within the bound
             raise StoreUnavailable(f"broker: {type(exc).__name__}: {exc}", "broker_unreachable") from exc
         except redis.RedisError as exc:
@@ -83,11 +89,12 @@ class ImportQueue:
         are not run: no middleware of the producer's broker has any."""
         assert isinstance(self.broker, RedisBroker)
         redis_message_id = self._new_id()
+        queue = self._queue_of(job_id)
         # dramatiq.Message(...).copy(options=...).encode(), without building the
         # two dataclasses (a tenth of a POST's Python time): the same fields, in
         # the same order, through dramatiq's own (global) encoder.
         fields = {
-            "queue_name": self.settings.queue_name,
+            "queue_name": queue,
             "actor_name": ACTOR_NAME,
             "args": [self._body(job_id, batch_id, upload_id)],
             "kwargs": {},
@@ -95,7 +102,7 @@ class ImportQueue:
             "message_id": self._new_id(),  # dramatiq's generate_unique_id(), without its syscall
             "message_timestamp": int(time.time() * 1000),
         }
-        ns, queue = self.broker.namespace, self.settings.queue_name
+        ns = self.broker.location_queues.namespace_of(queue) if isinstance(self.broker, ImporterRedisBroker) else self.broker.namespace
         return OutgoingMessage(
             private.queue_key(ns, queue), private.messages_key(ns, queue), redis_message_id,
             dramatiq.get_encoder().encode(fields),

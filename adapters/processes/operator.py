@@ -8,7 +8,7 @@ import json
 import sys
 from collections.abc import Callable
 
-from importer.adapters.redis.keys import Keys
+from importer.adapters.redis.keys import Keys, LocationQueues
 from importer.adapters.redis.store import RedisStore
 from importer.adapters.settings import Settings
 
@@ -65,8 +65,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     store = RedisStore(client, settings, clock_ms=clock_ms)
     stats = store.queue_stats()
     ns = Keys(settings.key_prefix).dramatiq
-    queued = client.llen(f"{ns}:{settings.queue_name}")
-    delayed = client.llen(f"{ns}:{settings.queue_name}.DQ")
+    # Every location's queue (its own partition's on a cluster, LocationQueues; main's on one node).
+    queues = LocationQueues(settings.key_prefix, settings.queue_name, per_location=settings.redis_cluster)
+    names = {queues.queue_of(location) for location in store.locations()}
+    queued = sum(client.llen(f"{queues.namespace_of(q)}:{q}") for q in names)
+    delayed = sum(client.llen(f"{queues.namespace_of(q)}:{q}.DQ") for q in names)
     line("ok", "queue", f"{queued} message(s) ready, {delayed} delayed (retries waiting for their backoff)")
     line("ok", "jobs", f"{stats.waiting} waiting, {stats.active} active, {client.zcard(store.keys.unsent)} not yet sent")
     age = stats.oldest_waiting_age_s

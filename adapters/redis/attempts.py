@@ -132,8 +132,7 @@ class AttemptSteps(RedisStoreBase):
         k = self.partition_of(job_id)
         keys = [*start_keys, *apply_keys[5:]]
         if ack is not None:
-            # The ack's keys are in the queue's slot, main's: on a cluster fetch.lua brings uploads of main's jobs only.
-            assert k.location == MAIN or not self.settings.redis_cluster, "on a cluster, an ack in the step is main's only"
+            # The ack's keys are the job's location's queue's (LocationQueues): in the job's slot on a cluster.
             keys += [ack.acks_key, ack.messages_key, ack.heartbeats_key]
             args = [*start_args, ack.redis_message_id, ack.worker_id, int(time.time() * 1000), *apply_args[8:]]
         else:

@@ -22,6 +22,67 @@ def location_upload_prefix(prefix: str) -> tuple[str, str]:
     return head, f"{tail}upload:"
 
 
+class LocationQueues:
+    """Where each location's dramatiq messages live (dramatiq's Redis broker).
+
+    On a Redis Cluster each location's queue is in its own partition
+    (``{importer@paris}:dramatiq:imports@paris``), so the fetch that brings an
+    upload and the script that applies it and acknowledges the message touch
+    one slot: one script call per import at any location. On one node every
+    location shares main's queue (one consumer serves them all; a script may
+    reach any key there). The queue's name says its location, so every
+    dispatch call (fetch, ack, requeue, the delay queue's) finds its namespace
+    from the name alone.
+    """
+
+    def __init__(self, prefix: str, queue_name: str, *, per_location: bool) -> None:
+        self.prefix = prefix
+        self.queue_name = queue_name
+        self.per_location = per_location
+        self._namespaces: dict[str, str] = {}
+
+    def queue_of(self, location: str) -> str:
+        """The dramatiq queue of a location's messages: ``imports``, or ``imports@paris`` on a cluster."""
+        if location == MAIN or not self.per_location:
+            return self.queue_name
+        return f"{self.queue_name}@{location}"
+
+    def location_of(self, queue_name: str) -> str:
+        """The location whose partition holds a queue (its delay queue ``.DQ`` and dead letters ``.XQ`` alike)."""
+        base = queue_name[:-3] if queue_name.endswith((".DQ", ".XQ")) else queue_name
+        head, at, location = base.rpartition("@")
+        return location if at and head == self.queue_name else MAIN
+
+    def namespace_of(self, queue_name: str) -> str:
+        """dramatiq's namespace (the KEYS[1] of its dispatch script) for a queue."""
+        namespace = self._namespaces.get(queue_name)
+        if namespace is None:
+            namespace = self._namespaces[queue_name] = Keys(self.prefix, self.location_of(queue_name)).dramatiq
+        return namespace
+
+    def dispatch_keys(self, queue_name: str) -> list[str]:
+        """The KEYS of a dispatch call (fetch, ack, requeue...) on a queue:
+        dramatiq's script reads only KEYS[1], its namespace, a key that never
+        exists. The queue's list is declared beside it so that the call is a
+        multi-key one: while its slot is migrating between two cluster nodes
+        Redis answers TRYAGAIN (the consumer waits) instead of running it on
+        the target node, where it would create a second copy of the queue's
+        keys and stop the move with BUSYKEY."""
+        namespace = self.namespace_of(queue_name)
+        return [namespace, f"{namespace}:{queue_name}"]
+
+    def upload_prefix_of(self, queue_name: str) -> str:
+        """The upload key prefix of the jobs whose messages a queue holds
+        (main's on one node: another location's message there brings no upload)."""
+        return Keys(self.prefix, self.location_of(queue_name)).upload("")
+
+    def is_import_queue(self, queue_name: str) -> bool:
+        """A queue of import messages (not a delay queue): main's or a location's."""
+        if queue_name.endswith((".DQ", ".XQ")):
+            return False
+        return queue_name == self.queue_name or self.location_of(queue_name) != MAIN
+
+
 class Keys:
     """Every key name, under one hash-tagged prefix: the one place they are made.
 

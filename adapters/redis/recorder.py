@@ -43,7 +43,7 @@ class JobRecorder(RedisStoreBase):
             job_id, batch_id, owner, content_sha256, upload_id, now, csv, s.events_maxlen, s.producer_version,
             rate_limit, window_ms * 2, raw_sha256, *(stored_content or ("", "")),
         ]
-        if self.messages is not None and k.location == MAIN:  # the queue is in main's slot
+        if self.messages is not None:  # the location's queue: in its slot on a cluster (LocationQueues)
             message = self.messages(job_id, batch_id, upload_id)
             keys += [message.queue_key, message.messages_key, k.deadline]
             args += [message.redis_message_id, message.data, int(s.waiting_grace_s * 1000)]
@@ -106,7 +106,7 @@ class JobRecorder(RedisStoreBase):
             job_id, owner, batch_id, upload_id, k.upload(""), s.events_maxlen, ",".join(sorted(retryable)),
             self._now(), int(s.waiting_grace_s * 1000), s.producer_version,
         ]
-        if self.messages is not None and k.location == MAIN:
+        if self.messages is not None:
             message = self.messages(job_id, batch_id, upload_id)
             keys += [message.queue_key, message.messages_key]
             args += [message.redis_message_id, message.data]

@@ -39,6 +39,18 @@ def test_the_private_shapes_importer_relies_on_hold(redis_url: str) -> None:
         assert private.should_do_maintenance(broker, "fetch") in (0, 1)
         assert private.max_unpack_size(broker) > 0
         assert callable(private.dispatch(broker, "fetch"))
+        # Every do_<command> call goes through _dispatch(command) (ImporterRedisBroker overrides it).
+        seen: list[str] = []
+
+        class Probe(RedisBroker):
+            def _dispatch(self, command: str):  # type: ignore[no-untyped-def]
+                seen.append(command)
+                return super()._dispatch(command)
+
+        probe = Probe(client=client, namespace=namespace, middleware=[])
+        probe.do_qsize(queue)
+        assert seen == ["qsize"]
+        probe.close()
         assert "local command" in private.dispatch_script() or "ARGV[1]" in private.dispatch_script()
         consumer.ack(fetched)
         assert not client.sismember(private.acks_key(namespace, broker.broker_id, queue), rid)

@@ -10,13 +10,17 @@
 -- (start_apply.lua). Larger uploads are left where they are: start.lua hands
 -- them over, and the separate steps let a person see 'validated' before a long apply.
 --
--- ARGV[1..9] dramatiq's dispatch arguments for 'fetch' (command .. prefetch), KEYS[1] its namespace
--- ARGV[10] 'P:upload:'   ARGV[11] largest upload handed over, in bytes (0: none)
+-- ARGV[1..9] dramatiq's dispatch arguments for 'fetch' (command .. prefetch), KEYS[1] its namespace,
+-- KEYS[2] the queue's list (declared only, so a migrating slot answers TRYAGAIN: LocationQueues.dispatch_keys)
+-- ARGV[10] 'P:upload:' of the queue's location   ARGV[11] largest upload handed over, in bytes (0: none)
 -- ARGV[12] the import actor's name
--- ARGV[13] ARGV[14] the two halves of another location's upload prefix around
---   its name ('{importer@', '}:upload:'), or '' '' for main's jobs only: on a
---   Redis Cluster another location's keys are in another slot (maybe on
---   another node), where this script cannot read; on one node it can.
+-- ARGV[13] ARGV[14] on one node, where main's queue holds every location's
+--   messages: the two halves of another location's upload prefix around its
+--   name ('{importer@', '}:upload:'), for the jobs whose id names a location.
+--   '' '' on a Redis Cluster, where each location's queue is in its own
+--   partition (LocationQueues): every upload is read under ARGV[10], in the
+--   queue's slot. (A message of another location left in main's queue by an
+--   older release finds no upload there and takes the separate steps.)
 --
 -- Returns {messages as dramatiq's fetch returns them, redis_message_ids, uploads}
 -- (the last two side by side, only for the messages whose upload came along).
@@ -35,8 +39,8 @@ if ARGV[1] == 'fetch' and max_bytes > 0 then
       local id, upload_id, job_id = m['options']['redis_message_id'], m['args'][1]['uploadId'], m['args'][1]['jobId']
       local prefix = upload_prefix
       local at = type(job_id) == 'string' and string.find(job_id, '@', 1, true)
-      if at then prefix = (head ~= '') and (head .. string.sub(job_id, at + 1) .. tail) or nil end
-      if prefix and type(id) == 'string' and type(upload_id) == 'string'
+      if at and head ~= '' then prefix = head .. string.sub(job_id, at + 1) .. tail end
+      if type(id) == 'string' and type(upload_id) == 'string'
           and redis.call('STRLEN', prefix .. upload_id) <= max_bytes then
         local csv = redis.call('GET', prefix .. upload_id)
         if csv then
