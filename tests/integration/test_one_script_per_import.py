@@ -72,7 +72,7 @@ def _script_calls(commands: list[str]) -> Counter[str]:
             continue
         sha = words[1]
         if sha == dispatch:
-            calls["dramatiq " + words[4]] += 1  # EVALSHA sha numkeys namespace command ...
+            calls["dramatiq " + words[3 + int(words[2])]] += 1  # EVALSHA sha numkeys namespace queue command ...
         else:
             calls[names.get(sha, sha)] += 1
     return calls
