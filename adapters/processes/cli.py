@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     k = keys.add_parser("create", help="make a new key for OWNER")
     k.add_argument("owner")
     k.add_argument(
-        "--locations", default="", metavar="LOC,LOC",
+        "--locations", metavar="LOC,LOC",
         help="the stock locations this key may use, comma-separated (default: every location)",
     )
     k.set_defaults(func=operator.cmd_keys_create)

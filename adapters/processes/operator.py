@@ -32,7 +32,8 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
     if not OWNER_PATTERN.match(args.owner):
         print("owner must be 1-64 characters: letters, digits, '.', '_' or '-'", file=sys.stderr)
         return 2
-    locations = tuple(dict.fromkeys(name.strip() for name in args.locations.split(","))) if args.locations else ()
+    given = args.locations  # None: a key for every location
+    locations = tuple(dict.fromkeys(name.strip() for name in given.split(","))) if given is not None else ()
     if not all(is_valid_location(name) for name in locations):
         print(f"--locations takes stock locations separated by commas. {LOCATION_RULE}", file=sys.stderr)
         return 2

@@ -100,7 +100,7 @@ def test_keys_create_without_locations_prints_the_plain_line(capsys: pytest.Capt
     assert out[3].strip() == f"acme:{hash_key(out[1].strip())}"
 
 
-@pytest.mark.parametrize("given", ["Paris", "paris,,", "a@b", " , "])
+@pytest.mark.parametrize("given", ["Paris", "paris,,", "a@b", " , ", ""])
 def test_keys_create_refuses_a_bad_location(given: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["keys", "create", "acme", "--locations", given]) == 2
     assert "--locations" in capsys.readouterr().err
