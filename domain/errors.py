@@ -49,6 +49,7 @@ EXPLANATIONS: dict[str, tuple[str, str]] = {
     "job.not_found": ("No such import job", "The job record does not exist or was removed by retention some time after it finished. A missing record does not mean the batch was never applied: read GET /api/shipments/{batchId} for the durable history."),
     "job.not_retryable": ("Import cannot be retried", "Only a failed import whose failure a retry can change (its attempts ran out, its time limit, the store or a worker was lost, a message or contract version the workers did not take) can be retried. 'detail' says why this one cannot; a failed CSV validation, a conflict or an overflow needs a new file under a new batchId."),
     "rejections.not_found": ("No rejection report for this import", "Only an import that failed CSV validation has a rejection report. Read GET /api/imports/{jobId}: its state and error say what happened."),
+    "location.not_found": ("No such stock location for this API key", "This key cannot send shipments to the location the request names (?location=, the body's location, or the server's default location when it names none). Check the location, or ask for a key that names it."),
     "shipment.not_found": ("No applied shipment with this batchId", "This batch has not been applied (yet). If you sent it, read its job: GET /api/imports/shipment-{batchId}."),
     "receipt.not_recorded": ("No receipt for this shipment", "This batch was applied before this service recorded receipts, so what it changed per SKU was not kept. GET /api/shipments/{batchId} says when it was applied."),
     "request.not_acceptable": ("Media type not available", "Send 'Accept: application/json' (the default) or 'Accept: text/csv'."),
@@ -140,6 +141,12 @@ class NotRetryable(DomainError):
         if self.error_code:
             members["errorCode"] = self.error_code
         return members
+
+
+class LocationNotAllowed(DomainError):
+    """An upload to a stock location the producer's API key does not allow (domain/access.py)."""
+
+    code = "location.not_found"
 
 
 class BatchConflict(DomainError):

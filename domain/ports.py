@@ -191,9 +191,10 @@ class JobReads(Protocol):
     def get_owned_rejections(self, job_id: str, owner: str) -> tuple[str, RejectionReport | None] | None: ...
     def list_jobs(
         self, owner: str, *, limit: int, state: str | None = None, after: tuple[int, str] | None = None,
-        location: str | None = None,
+        location: str | None = None, within: frozenset[str] | None = None,
     ) -> tuple[list[JobRecord], tuple[int, str] | None]:
-        """At one location, or across every location the owner has jobs at (None)."""
+        """At one location, or across every location the owner has jobs at
+        (None), of those in ``within`` only when it is given (a key's locations)."""
         ...
 
 

@@ -149,9 +149,16 @@ def request_location(api: Api, req: Request, given: object = None) -> str:
     return str(location)
 
 
+_CSV_TYPES = ("text/csv", "application/csv")
+
+
+def _content_type(req: Request) -> str:
+    return req.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
 def _read_enqueue_body(api: Api, req: Request) -> tuple[str, bytes, str]:
     """(batchId, CSV bytes, location) from a JSON body or a raw text/csv body with ?batchId= (and ?location=)."""
-    content_type = req.headers.get("content-type", "").split(";")[0].strip().lower()
+    content_type = _content_type(req)
     if content_type == "application/json":
         try:
             data = json.loads(req.body)
@@ -164,7 +171,7 @@ def _read_enqueue_body(api: Api, req: Request) -> tuple[str, bytes, str]:
         if "batchId" in req.query and req.query["batchId"] != loaded["batchId"]:
             raise ApiError("request.invalid", instance=req.path, extra={"fields": {"batchId": ["The query batchId differs from the body's."]}})
         return loaded["batchId"], loaded["csv"].encode(), request_location(api, req, loaded.get("location"))
-    if content_type in ("text/csv", "application/csv"):
+    if content_type in _CSV_TYPES:
         batch_id = req.query.get("batchId", "")
         if not is_valid_batch_id(batch_id):
             raise ApiError("request.invalid", instance=req.path, extra={"fields": {"batchId": [f"Must match {BATCH_ID_PATTERN}."]}})
@@ -210,9 +217,26 @@ def take_rate_token(api: Api, req: Request) -> None:
         raise RateLimited.after_ms(wait_ms)
 
 
+def refuse_forbidden_location(api: Api, req: Request) -> None:
+    """Before the body of POST /api/imports is read: a location the key does
+    not allow (404 location.not_found), when the head already names the
+    location: ?location=, or a CSV body (whose location is ?location= or the
+    default). A JSON body may name its location inside: enqueue checks it then."""
+    if req.principal is None or req.principal.locations is None:
+        return
+    query = req.query.get("location")
+    if query is not None:
+        if is_valid_location(query):
+            req.principal.require(query)
+    elif _content_type(req) in _CSV_TYPES:
+        req.principal.require(api.default_location)
+
+
 def enqueue(api: Api, req: Request) -> Response:
     """POST /api/imports: the use case "take an upload" (importer.domain.submit_import)."""
     batch_id, csv, location = _read_enqueue_body(api, req)
+    if req.principal is not None:
+        req.principal.require(location)  # 404 location.not_found, before anything is recorded
     if len(csv) > api.max_upload_bytes:
         raise ApiError("request.too_large", instance=req.path)
     accepted = submit_import(
@@ -227,10 +251,13 @@ def enqueue(api: Api, req: Request) -> Response:
 
 def get_import(api: Api, req: Request) -> Response:
     """GET /api/imports/{jobId}: the stored record of the caller's own job."""
-    record = api.store.get_owned_job(req.path_params["jobId"], req.owner) if req.owner else None
+    job_id = req.path_params["jobId"]
+    owner = req.owner_at(location_of_job(job_id))
+    record = api.store.get_owned_job(job_id, owner) if owner else None
     if record is None:
-        # The same bytes for "no such job" and "another owner's job" (no
-        # instance member: it would echo the id, the only thing that could differ).
+        # The same bytes for "no such job", "another owner's job" and a job at a
+        # location the key does not allow (no instance member: it would echo
+        # the id, the only thing that could differ).
         raise ApiError("job.not_found")
     return json_response(200, job_status(record))
 
@@ -238,7 +265,8 @@ def get_import(api: Api, req: Request) -> Response:
 def get_shipment(api: Api, req: Request) -> Response:
     """GET /api/shipments/{batchId}: the durable history of one of the caller's batches."""
     location = request_location(api, req)
-    record = api.store.get_owned_shipment(req.path_params["batchId"], req.owner, location) if req.owner else None
+    owner = req.owner_at(location)
+    record = api.store.get_owned_shipment(req.path_params["batchId"], owner, location) if owner else None
     if record is None:
         raise ApiError("shipment.not_found")
     payload = {

@@ -1,7 +1,9 @@
 """API keys: the server knows only SHA-256 hashes of keys, each bound to an owner.
 
 A key is a random token (``importer keys create OWNER``). The configured line
-is ``owner:sha256hex``. Lookup compares the presented key's hash against every
+is ``owner:sha256hex``, or ``owner:sha256hex locations=paris|lyon`` for a key
+that may use only those stock locations (domain/access.py; ``|`` because
+entries are separated by commas or newlines). Lookup compares the presented key's hash against every
 configured hash with ``hmac.compare_digest``, so timing does not reveal how
 much of a hash matched.
 """
@@ -14,8 +16,13 @@ import re
 import secrets
 from dataclasses import dataclass
 
+from importer.domain.access import Principal
+from importer.domain.locations import LOCATION_RULE, is_valid_location
+
 OWNER_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+#: Between the locations of ``locations=``: neither entry separator (',' or a newline) nor a location character.
+LOCATION_SEPARATOR = "|"
 
 
 class KeyConfigError(ValueError):
@@ -32,32 +39,64 @@ def new_key() -> str:
     return "imp_" + secrets.token_urlsafe(32)
 
 
+def key_line(owner: str, digest: str, locations: tuple[str, ...] = ()) -> str:
+    """The configuration line of a key (what ``importer keys create`` prints)."""
+    line = f"{owner}:{digest}"
+    return f"{line} locations={LOCATION_SEPARATOR.join(locations)}" if locations else line
+
+
+def parse_locations(text: str) -> frozenset[str]:
+    """The locations of ``locations=`` (``paris|lyon``); KeyConfigError when one is not a location."""
+    names = [name.strip() for name in text.split(LOCATION_SEPARATOR)]
+    if not names or not all(is_valid_location(name) for name in names):
+        raise KeyConfigError(f"locations= takes one or more locations separated by '{LOCATION_SEPARATOR}'. {LOCATION_RULE}")
+    return frozenset(names)
+
+
 @dataclass(frozen=True)
 class KeyRing:
     entries: tuple[tuple[str, str], ...]  # (owner, sha256 hex)
+    #: The locations each entry's key allows (None: every one), by entry index.
+    allowed: tuple[frozenset[str] | None, ...] = ()
 
     @classmethod
     def parse(cls, text: str) -> "KeyRing":
-        """Lines or comma-separated items ``owner:sha256hex``; '#' starts a comment."""
+        """Lines or comma-separated items ``owner:sha256hex``, each optionally
+        followed by `` locations=a|b``; '#' starts a comment."""
         entries = []
+        allowed: list[frozenset[str] | None] = []
         for raw in re.split(r"[\n,]", text):
             item = raw.split("#", 1)[0].strip()
             if not item:
                 continue
-            owner, sep, digest = item.partition(":")
-            owner, digest = owner.strip(), digest.strip().lower()
+            owner, sep, rest = item.partition(":")
+            digest, *options = rest.split() or [""]
+            owner, digest = owner.strip(), digest.lower()
             if not sep or not OWNER_PATTERN.match(owner) or not _HEX64.match(digest):
-                raise KeyConfigError("each API key entry must be 'owner:<64 hex sha256>'")
+                raise KeyConfigError("each API key entry must be 'owner:<64 hex sha256>' (then optionally ' locations=a|b')")
+            locations: frozenset[str] | None = None
+            for option in options:
+                name, eq, value = option.partition("=")
+                if name != "locations" or not eq or locations is not None:
+                    raise KeyConfigError(f"after an API key's hash only one ' locations=a{LOCATION_SEPARATOR}b' may follow")
+                locations = parse_locations(value)
             entries.append((owner, digest))
-        return cls(tuple(entries))
+            allowed.append(locations)
+        return cls(tuple(entries), tuple(allowed))
+
+    def principal_for(self, presented: str) -> Principal | None:
+        """The owner of the presented key and the locations it allows, or None for an unknown key.
+        Every hash is compared (in constant time), whichever matches."""
+        digest = hash_key(presented)
+        found: Principal | None = None
+        for index, (owner, expected) in enumerate(self.entries):
+            if hmac.compare_digest(digest, expected):
+                found = Principal(owner, self.allowed[index] if index < len(self.allowed) else None)
+        return found
 
     def owner_for(self, presented: str) -> str | None:
-        digest = hash_key(presented)
-        found: str | None = None
-        for owner, expected in self.entries:
-            if hmac.compare_digest(digest, expected):
-                found = owner
-        return found
+        principal = self.principal_for(presented)
+        return principal.owner if principal is not None else None
 
 
 def bearer_token(authorization: str | None) -> str | None:

@@ -8,6 +8,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from importer.domain.access import Principal
 from importer.domain.errors import explain
 from importer.domain.ids import random_hex, request_id_var
 from importer.handlers.problems import ApiError, status_of
@@ -37,17 +38,26 @@ class Request:
     query: Mapping[str, str] = field(default_factory=dict)
     body: bytes = b""
     path_params: Mapping[str, str] = field(default_factory=dict)
-    #: Set by the transport after authentication; None for open routes.
-    owner: str | None = None
+    #: Set after authentication (the key's owner and locations); None for open routes.
+    principal: Principal | None = None
+
+    @property
+    def owner(self) -> str | None:
+        return self.principal.owner if self.principal is not None else None
+
+    def owner_at(self, location: str) -> str | None:
+        """The owner to read ``location`` as (domain/access.py: a location the
+        key does not allow reads as nobody's), None on an open route."""
+        return self.principal.owner_at(location) if self.principal is not None else None
 
     # The two changes the edge makes to every request, without the generic
     # (and, per request, costly) dataclasses.replace.
-    def routed(self, path_params: Mapping[str, str], owner: str | None) -> Request:
-        """This request matched to its route: its path parameters and owner."""
-        return Request(self.method, self.path, self.headers, self.query, self.body, path_params, owner)
+    def routed(self, path_params: Mapping[str, str], principal: Principal | None) -> Request:
+        """This request matched to its route: its path parameters and principal."""
+        return Request(self.method, self.path, self.headers, self.query, self.body, path_params, principal)
 
     def with_body(self, body: bytes) -> Request:
-        return Request(self.method, self.path, self.headers, self.query, body, self.path_params, self.owner)
+        return Request(self.method, self.path, self.headers, self.query, body, self.path_params, self.principal)
 
 
 class BodyStream(Protocol):

@@ -59,8 +59,12 @@ def list_imports(api: Api, req: Request) -> Response:
             errors["cursor"] = ["Not a cursor from a previous page's nextCursor."]
     if errors:
         raise ApiError("request.invalid", instance=req.path, extra={"fields": errors})
-    location = request_location(api, req) if "location" in req.query else None  # None: every location
-    records, position = api.store.list_jobs(req.owner or "", limit=limit, state=state, after=after, location=location)
+    owner = req.owner or ""
+    within = req.principal.locations if req.principal is not None else None
+    location = request_location(api, req) if "location" in req.query else None  # None: every location (the key allows)
+    if location is not None:
+        owner = req.owner_at(location) or ""  # a location the key does not allow: an empty list, as for one without imports
+    records, position = api.store.list_jobs(owner, limit=limit, state=state, after=after, location=location, within=within)
     payload = {
         "items": [job_status(record) for record in records],
         "nextCursor": encode_cursor(position) if position is not None else None,
@@ -72,7 +76,8 @@ def list_imports(api: Api, req: Request) -> Response:
 def job_events(api: Api, req: Request) -> Response:
     """GET /api/imports/{jobId}/events: the job's events as text/event-stream."""
     job_id = req.path_params["jobId"]
-    record = api.store.get_owned_job(job_id, req.owner) if req.owner else None
+    owner = req.owner_at(location_of_job(job_id))
+    record = api.store.get_owned_job(job_id, owner) if owner else None
     if record is None:
         raise ApiError("job.not_found")  # the same bytes as GET /api/imports/{jobId}
     last_id = req.headers.get("last-event-id", "").strip()
@@ -105,13 +110,13 @@ def retry(api: Api, req: Request) -> Response:
     429 tells nothing about the job); then 202 with the enqueue answer's
     shape, or the same 404 as GET /api/imports/{jobId} of a missing job, or
     409 job.not_retryable saying why."""
-    owner = req.owner or ""
-    wait_ms = api.store.take_rate_token(owner)
+    wait_ms = api.store.take_rate_token(req.owner or "")
     if wait_ms:
         raise RateLimited.after_ms(wait_ms)
+    job_id = req.path_params["jobId"]
     try:
-        accepted = retry_import(
-            api.store, api.sender, job_id=req.path_params["jobId"], owner=owner, upload_id=api.uuidgen(),
+        accepted = retry_import(  # at a location the key does not allow, as nobody: the 404 of a missing job
+            api.store, api.sender, job_id=job_id, owner=req.owner_at(location_of_job(job_id)) or "", upload_id=api.uuidgen(),
         )
     except JobNotFound:
         raise ApiError("job.not_found") from None  # no instance member: the same bytes as GET's

@@ -118,7 +118,10 @@ def build_spec() -> APISpec:
         security=[{"bearerAuth": []}],
     )
     spec.components.security_scheme(
-        "bearerAuth", {"type": "http", "scheme": "bearer", "description": "An API key issued with `importer keys create OWNER`."}
+        "bearerAuth", {"type": "http", "scheme": "bearer", "description": (
+            "An API key issued with `importer keys create OWNER` (`--locations a,b`: a key for those stock "
+            "locations only; at any other, every answer is as if nothing were there)."
+        )}
     )
     spec.components.security_scheme(
         "metricsToken", {"type": "http", "scheme": "bearer", "description": "The token set in IMPORTER_METRICS_TOKEN."}

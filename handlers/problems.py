@@ -23,6 +23,7 @@ HTTP_STATUS: dict[str, int] = {
     "request.not_found": 404,
     "job.not_found": 404,
     "shipment.not_found": 404,
+    "location.not_found": 404,
     "receipt.not_recorded": 404,
     "rejections.not_found": 404,
     "request.method_not_allowed": 405,

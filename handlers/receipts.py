@@ -164,7 +164,8 @@ def get_receipt(api: Api, req: Request) -> Response:
         raise ApiError("request.not_acceptable")
     batch_id = req.path_params["batchId"]
     location = request_location(api, req)
-    stored = api.store.get_owned_receipt(batch_id, req.owner, RECEIPT_CHUNK, location) if req.owner else None
+    owner = req.owner_at(location)
+    stored = api.store.get_owned_receipt(batch_id, owner, RECEIPT_CHUNK, location) if owner else None
     if stored is None:
         raise ApiError("shipment.not_found")  # the same bytes as GET /api/shipments/{batchId}
     if stored.size == 0:

@@ -21,6 +21,7 @@ import io
 import re
 
 from importer.domain.jobs import RejectionReport
+from importer.domain.locations import location_of_job
 from importer.handlers.api import Api
 from importer.handlers.http import Request, Response
 from importer.handlers.problems import ApiError
@@ -61,7 +62,8 @@ def rejections_csv(report: RejectionReport) -> bytes:
 def get_rejections(api: Api, req: Request) -> Response:
     """GET /api/imports/{jobId}/rejections.csv: the rejection report of the caller's own job."""
     job_id = req.path_params["jobId"]
-    found = api.store.get_owned_rejections(job_id, req.owner) if req.owner else None
+    owner = req.owner_at(location_of_job(job_id))
+    found = api.store.get_owned_rejections(job_id, owner) if owner else None
     if found is None:
         raise ApiError("job.not_found")  # the same bytes as GET /api/imports/{jobId}
     _state, report = found

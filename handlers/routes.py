@@ -50,6 +50,9 @@ class Route:
         object.__setattr__(self, "pattern", re.compile(f"^{regex}$"))
 
 
+_JOB_NOT_FOUND = "No record (retention removes finished ones), another producer's, or one at a location the API key does not allow: one answer"
+_SHIPMENT_NOT_FOUND = "The batch was never applied, is another producer's, or is at a location the API key does not allow: one answer for all"
+
 #: Every authenticated route can answer these.
 _API_ERRORS = ("auth.required", "service.unavailable")
 
@@ -94,8 +97,9 @@ ROUTES: tuple[Route, ...] = (
         "request.bad_json", "request.incomplete", "request.bad_digest", "request.digest_mismatch", *_API_ERRORS,
         "batch.conflict", "request.length_required", "request.too_large",
         "request.unsupported_media_type", "request.invalid", "request.rate_limited", "service.busy",
-        "contract.no_worker", "request.timeout",
+        "contract.no_worker", "request.timeout", "location.not_found",
     ), error_notes={
+        "location.not_found": "The API key names its stock locations, not this one (?location=, the body's, or the default); nothing recorded",
         "batch.conflict": (
             "The batchId is already bound to other content or another producer; the answer is the same "
             "in both cases and reveals nothing about the other shipment"
@@ -105,7 +109,7 @@ ROUTES: tuple[Route, ...] = (
             "accept acceptedVersions); nothing was recorded. With no live worker at all the import is accepted "
             "and waits"
         ),
-    }, before_body=(h.take_rate_token,)),
+    }, before_body=(h.refuse_forbidden_location, h.take_rate_token)),
     Route("GET", "/api/imports", my_imports.list_imports, {
         "operationId": "listImports",
         "summary": "List your own imports, newest first",
@@ -121,7 +125,7 @@ ROUTES: tuple[Route, ...] = (
              "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}},
             {"name": "cursor", "in": "query", "required": False,
              "description": "The nextCursor of the previous page (opaque).", "schema": {"type": "string"}},
-            {**LOCATION_PARAMETER, "description": "Only imports at this stock location (default: every location)."},
+            {**LOCATION_PARAMETER, "description": "Only imports at this stock location (default: every location the API key allows)."},
         ],
         "responses": {
             "200": {"description": "One page.", "content": {"application/json": {"schema": "JobList"}}},
@@ -171,7 +175,7 @@ ROUTES: tuple[Route, ...] = (
             },
         },
     }, errors=(*_API_ERRORS, "job.not_found", "request.stream_unsupported", "service.busy"), error_notes={
-        "job.not_found": "No record, or another producer's: the same answer as GET /api/imports/{jobId}",
+        "job.not_found": _JOB_NOT_FOUND,
         "request.stream_unsupported": "This deployment (serverless) cannot hold a stream open: poll instead",
         "service.busy": "This process holds IMPORTER_MAX_EVENT_STREAMS streams already",
     }),
@@ -197,7 +201,7 @@ ROUTES: tuple[Route, ...] = (
             },
         },
     }, errors=(*_API_ERRORS, "job.not_found", "job.not_retryable", "request.rate_limited", "contract.no_worker"), error_notes={
-        "job.not_found": "No record, or another producer's: the same answer as GET /api/imports/{jobId}",
+        "job.not_found": _JOB_NOT_FOUND,
         "job.not_retryable": (
             "The import is not failed (state), or failed for a reason a retry cannot change (errorCode: a CSV "
             "validation code, batch.conflict, stock.overflow, import.upload_missing); detail says why and what "
@@ -231,7 +235,7 @@ ROUTES: tuple[Route, ...] = (
             },
         },
     }, errors=(*_API_ERRORS, "job.not_found", "rejections.not_found"), error_notes={
-        "job.not_found": "No record, or another producer's: the same answer as GET /api/imports/{jobId}",
+        "job.not_found": _JOB_NOT_FOUND,
         "rejections.not_found": (
             "The job is yours but has no rejection report: it is not finished, it completed, or it failed "
             "for a reason other than CSV validation"
@@ -245,10 +249,7 @@ ROUTES: tuple[Route, ...] = (
             "200": {"description": "The job record.", "content": {"application/json": {"schema": "JobStatus"}}},
         },
     }, errors=(*_API_ERRORS, "job.not_found"), error_notes={
-        "job.not_found": (
-            "No record. Records are removed by retention after they finish, so this does not "
-            "mean the batch was never applied"
-        ),
+        "job.not_found": _JOB_NOT_FOUND,
     }),
     Route("GET", "/api/shipments/{batchId}", h.get_shipment, {
         "operationId": "getShipment",
@@ -263,7 +264,7 @@ ROUTES: tuple[Route, ...] = (
         "responses": {
             "200": {"description": "The batch was applied.", "content": {"application/json": {"schema": "Shipment"}}},
         },
-    }, errors=(*_API_ERRORS, "shipment.not_found", "request.invalid"), error_notes={"shipment.not_found": "The batch was never applied"}),
+    }, errors=(*_API_ERRORS, "shipment.not_found", "request.invalid"), error_notes={"shipment.not_found": _SHIPMENT_NOT_FOUND}),
     Route("GET", "/api/shipments/{batchId}/receipt", receipts.get_receipt, {
         "operationId": "getShipmentReceipt",
         "summary": "What one of your applied batches changed: each SKU's stock before and after",
@@ -290,7 +291,7 @@ ROUTES: tuple[Route, ...] = (
         },
     }, errors=(*_API_ERRORS, "shipment.not_found", "request.invalid", "receipt.not_recorded", "request.not_acceptable", "response.too_large"),
     error_notes={
-        "shipment.not_found": "The batch was never applied, or is another producer's: the same answer as GET /api/shipments/{batchId}",
+        "shipment.not_found": _SHIPMENT_NOT_FOUND,
         "receipt.not_recorded": "The batch was applied before receipts were recorded",
         "response.too_large": "Serverless deployments only: the receipt is larger than one Lambda answer can carry",
     }),
@@ -395,16 +396,16 @@ def _route(keys: KeyRing, req: Request) -> tuple[Route, Request] | Response:
             if route.method == "GET":
                 allowed.append("HEAD")
             continue
-        owner = req.owner
+        principal = req.principal
         if route.authenticated:
             token = bearer_token(req.headers.get("authorization"))
-            owner = keys.owner_for(token) if token else None
-            if owner is None:
+            principal = keys.principal_for(token) if token else None
+            if principal is None:
                 raise ApiError("auth.required", (("WWW-Authenticate", 'Bearer realm="importer"'),))
         params = match.groupdict()
         if not all(_is_text(value) for value in params.values()):
             raise ApiError("request.not_found")  # e.g. a lone surrogate from a hand-made Lambda event
-        return route, req.routed(params, owner)
+        return route, req.routed(params, principal)
     if allowed:
         raise ApiError("request.method_not_allowed", (("Allow", ", ".join(sorted(set(allowed)))),))
     raise ApiError("request.not_found")

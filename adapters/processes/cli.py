@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     keys = p.add_subparsers(dest="keys_command", required=True)
     k = keys.add_parser("create", help="make a new key for OWNER")
     k.add_argument("owner")
+    k.add_argument(
+        "--locations", metavar="LOC,LOC",
+        help="the stock locations this key may use, comma-separated (default: every location)",
+    )
     k.set_defaults(func=operator.cmd_keys_create)
 
     p = sub.add_parser("doctor", help="check Redis settings and the queue, as a readable checklist")

@@ -26,14 +26,21 @@ def cmd_openapi(args: argparse.Namespace) -> int:
 
 
 def cmd_keys_create(args: argparse.Namespace) -> int:
-    from importer.handlers.auth import OWNER_PATTERN, hash_key, new_key
+    from importer.domain.locations import LOCATION_RULE, is_valid_location
+    from importer.handlers.auth import OWNER_PATTERN, hash_key, key_line, new_key
 
     if not OWNER_PATTERN.match(args.owner):
         print("owner must be 1-64 characters: letters, digits, '.', '_' or '-'", file=sys.stderr)
         return 2
+    given = args.locations  # None: a key for every location
+    locations = tuple(dict.fromkeys(name.strip() for name in given.split(","))) if given is not None else ()
+    if not all(is_valid_location(name) for name in locations):
+        print(f"--locations takes stock locations separated by commas. {LOCATION_RULE}", file=sys.stderr)
+        return 2
     key = new_key()
-    print(f"API key for {args.owner} (shown once, give it to the producer):\n  {key}")
-    print(f"Line for IMPORTER_API_KEYS_FILE (the server keeps only this hash):\n  {args.owner}:{hash_key(key)}")
+    where = f" at {', '.join(locations)} only" if locations else ""
+    print(f"API key for {args.owner}{where} (shown once, give it to the producer):\n  {key}")
+    print(f"Line for IMPORTER_API_KEYS_FILE (the server keeps only this hash):\n  {key_line(args.owner, hash_key(key), locations)}")
     return 0
 
 

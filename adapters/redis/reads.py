@@ -77,7 +77,7 @@ class JobReads(RedisStoreBase):
 
     def list_jobs(
         self, owner: str, *, limit: int, state: str | None = None, after: tuple[int, str] | None = None,
-        scan_limit: int = 1000, location: str | None = None,
+        scan_limit: int = 1000, location: str | None = None, within: frozenset[str] | None = None,
     ) -> tuple[list[JobRecord], tuple[int, str] | None]:
         """One page of the owner's job records at ``location``, or at every
         location the owner has jobs at (None), newest first (createdAt, then
@@ -89,16 +89,19 @@ class JobReads(RedisStoreBase):
         nothing past where it stopped, so the merged page ends there too (the
         newest such position): no record is ever skipped or shown twice, since
         the position (createdAt, jobId) orders every partition alike.
+        ``within`` (a key's locations): only those of them.
         """
         if location is not None:
             return self._list_partition(self.partition(location), owner, limit, state, after, scan_limit)
         with store_errors():
             others = sorted(text_of(v) for v in self.client.smembers(self.keys.owner_locations(owner)))
-        if not others:
+        if not others and within is None:
             return self._list_partition(self.keys, owner, limit, state, after, scan_limit)
+        partitions = [MAIN, *(o for o in others if o != MAIN)]
+        if within is not None:
+            partitions = [loc for loc in partitions if loc in within]
         pages = [
-            self._list_partition(self.partition(loc), owner, limit, state, after, scan_limit)
-            for loc in [MAIN, *(o for o in others if o != MAIN)]
+            self._list_partition(self.partition(loc), owner, limit, state, after, scan_limit) for loc in partitions
         ]
         stops = [stop for _, stop in pages if stop is not None]
         frontier = max(stops) if stops else None

@@ -63,6 +63,8 @@
       case 401: return "The API key was refused (auth.required). Check the key, or paste a new one with \"Forget the key\".";
       case 404: return code === "rejections.not_found"
         ? "This import has no rejection report (rejections.not_found): only an import that failed CSV validation has one."
+        : code === "location.not_found"
+        ? "Your API key cannot send shipments to this location (location.not_found). Check the location; when it is empty, the server's default location is used."
         : "That import was not found (job.not_found): it is not yours, or retention removed its record.";
       case 409: return code === "job.not_retryable"
         ? "This import cannot be retried (job.not_retryable). " + (body && body.detail ? body.detail : "")
@@ -109,22 +111,29 @@
     clearError();
     const file = $("file-input").files[0];
     const batchId = $("batch-input").value.trim();
+    const location = $("location-input").value.trim();
     if (!file) { showError("Choose a CSV file first."); $("file-input").focus(); return; }
     if (!/^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/.test(batchId)) {
       showError("The batchId must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit.");
       $("batch-input").focus();
       return;
     }
+    if (location && !/^[a-z0-9][a-z0-9_-]{0,31}$/.test(location)) {
+      showError("The location must be 1-32 lowercase letters, digits, '_' or '-', starting with a letter or digit (or empty: the default location).");
+      $("location-input").focus();
+      return;
+    }
     const button = $("send-button");
     button.disabled = true;
     try {
       const body = await file.arrayBuffer();
-      const answer = await api("POST", "/api/imports?batchId=" + encodeURIComponent(batchId),
+      const query = "?batchId=" + encodeURIComponent(batchId) + (location ? "&location=" + encodeURIComponent(location) : "");
+      const answer = await api("POST", "/api/imports" + query,
         { body, headers: { "Content-Type": "text/csv", ...(await contentDigest(body)) } });
       if (answer.status !== 202) { showError(describe(answer.status, answer.body, answer.headers)); return; }
       const result = $("send-result");
       result.hidden = false;
-      result.textContent = "202 Accepted: job " + answer.body.jobId + " (batch " + answer.body.batchId + ", " + answer.body.state + ").";
+      result.textContent = "202 Accepted: job " + answer.body.jobId + " (batch " + answer.body.batchId + " at " + answer.body.location + ", " + answer.body.state + ").";
       announce("Accepted: " + answer.body.jobId);
       follow(answer.body.jobId);
       loadList();
@@ -429,6 +438,7 @@
       const tr = document.createElement("tr");
       tr.dataset.jobId = item.id;
       tr.appendChild(cell(item.batchId));
+      tr.appendChild(cell(item.location));
       const state = document.createElement("td");
       const badge = document.createElement("span");
       badge.className = "badge " + item.state;

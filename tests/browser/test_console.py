@@ -169,6 +169,38 @@ def test_the_list_updates_live_filters_and_opens_and_another_owner_sees_nothing(
     shots.take(other, "other-owner")
 
 
+def test_a_shipment_for_a_location_and_the_location_column(
+    console_system: System, new_page: Any, shots: Screenshots, tmp_path: Path,
+) -> None:
+    page = new_page()
+    open_console(page, console_system, console_system.api_key)
+    at_main = unique("at-main")
+    assert console_system.post_csv(at_main, (FIXTURES / "shipment-a-2026.csv").read_bytes())[0] == 202
+    batch = unique("at-paris")
+    page.set_input_files("#file-input", str(copy_fixture(tmp_path, "shipment-a-2026.csv", batch + ".csv")))
+    page.fill("#location-input", "paris")
+    with page.expect_request(lambda r: r.method == "POST" and "/api/imports" in r.url) as sent:
+        page.click("#send-button")
+    assert sent.value.url.endswith(f"/api/imports?batchId={batch}&location=paris")
+    expect(page.locator("#send-result")).to_contain_text(f"202 Accepted: job shipment-{batch}@paris (batch {batch} at paris")
+    expect(page.locator("#job-state")).to_have_text("completed", timeout=60_000)
+    # The list says where each import is.
+    expect(page.locator("#list-table thead th").nth(1)).to_have_text("Location")
+    for job_id, location in ((f"shipment-{batch}@paris", "paris"), (f"shipment-{at_main}", "main")):
+        row = page.locator(f"#list-table tbody tr[data-job-id='{job_id}']")
+        expect(row.locator("td").nth(1)).to_have_text(location, timeout=30_000)
+    shots.take(page, "locations")
+
+    # A key that may not send there: one clear sentence (the answer substituted in the browser).
+    page.route(re.compile(r".*/api/imports\?batchId=.*"), lambda route: route.fulfill(
+        status=404, headers={"Content-Type": "application/problem+json"},
+        body=json.dumps({"status": 404, "code": "location.not_found", "title": "", "detail": "", "type": ""}),
+    ))
+    page.fill("#location-input", "lyon")
+    page.click("#send-button")
+    expect(page.locator("#alert")).to_contain_text("Your API key cannot send shipments to this location (location.not_found)")
+
+
 def test_clear_messages_for_refusals(console_system: System, new_page: Any, shots: Screenshots, tmp_path: Path) -> None:
     page = new_page()
     open_console(page, console_system, "imp_not-a-key")

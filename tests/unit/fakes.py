@@ -195,11 +195,14 @@ class FakeStore:
 
     def list_jobs(
         self, owner: str, *, limit: int, state: str | None = None, after: tuple[int, str] | None = None,
-        location: str | None = None,
+        location: str | None = None, within: frozenset[str] | None = None,
     ) -> tuple[list[JobRecord], tuple[int, str] | None]:
         self._call("list_jobs")
         mine = sorted(
-            (r for r in self.jobs.values() if r.owner == owner and location in (None, location_of_job(r.id))),
+            (
+                r for r in self.jobs.values() if r.owner == owner and location in (None, location_of_job(r.id))
+                and (location is not None or within is None or location_of_job(r.id) in within)
+            ),
             key=lambda r: (r.created_at_ms, r.id), reverse=True,
         )
         if after is not None:
