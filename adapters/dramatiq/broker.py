@@ -216,6 +216,16 @@ class ImporterRedisBroker(RedisBroker):
     def consumer_class(self) -> Any:
         return _SafeRequeueConsumer
 
+    #: With a queue per location, how long an idle delay queue's consumer sleeps
+    #: between polls at most (ms): its messages are retries, due a second or
+    #: more later, so a faster poll of every location's delay queue buys nothing.
+    DELAY_QUEUE_IDLE_MS = 1000
+
+    def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000) -> Any:
+        if self.location_queues.per_location and queue_name.endswith(".DQ"):
+            timeout = max(timeout, self.DELAY_QUEUE_IDLE_MS)
+        return super().consume(queue_name, prefetch, timeout)
+
     def _dispatch(self, command: str) -> Any:
         """dramatiq's dispatch call (RedisBroker._dispatch), with the namespace of the queue's location."""
         dispatch, queues = self.scripts["dispatch"], self.location_queues

@@ -4,8 +4,8 @@
 The six locations are ``main`` and five others chosen so that, on the cluster, their partitions
 (``Keys(prefix, location)``: one hash tag, one slot each) land two per master. The same prefix and
 locations are used on the one node, so both targets run the same key layout and the same code
-paths (a location but main: admit.lua in the control partition, enqueue.lua in its own, then the
-message sent to the queue, which is in main's slot).
+paths (a location but main: admit.lua in the control partition, then enqueue.lua with the message in
+its own; each location's queue is main's on one node and its own partition's on the cluster).
 
 * drain: N 3-row imports pre-enqueued round-robin over the locations through Importer's producer
   path (``submit_import(..., location=L)``, 4 threads, no worker running), then ``importer worker``
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import redis
-from importer.adapters.redis.keys import Keys
+from importer.adapters.redis.keys import Keys, LocationQueues
 from importer.domain.locations import MAIN
 from importer.domain.submit_import import submit_import
 
@@ -140,6 +140,13 @@ def start_cluster(b: Bench) -> LocalCluster:
     return cluster
 
 
+def queue_keys(prefix: str, locations: list[str], cluster: bool) -> list[str]:
+    """The list key of every location's queue: main's alone on one node, each location's own on a cluster."""
+    queues = LocationQueues(prefix, QUEUE, per_location=cluster)
+    names = sorted({queues.queue_of(loc) for loc in locations})
+    return [f"{queues.namespace_of(q)}:{q}" for q in names]
+
+
 def make_targets(b: Bench, cluster: LocalCluster, prefix: str, locations: list[str]) -> tuple[Target, Target]:
     assert b.client is not None
     one = Target(ONE, b.url, False, [Node(b.url.rsplit(":", 1)[-1], b.server_pid, b.client)])
@@ -148,7 +155,7 @@ def make_targets(b: Bench, cluster: LocalCluster, prefix: str, locations: list[s
     url = ",".join(f"redis://127.0.0.1:{n.port}" for n in cluster.nodes)
     clu = Target(CLU, url, True, nodes)
     index = {m.port: i for i, m in enumerate(masters)}
-    keys = [f"{Keys(prefix).dramatiq}:{QUEUE}"]
+    keys = queue_keys(prefix, locations, True)
     for loc in locations:
         k = Keys(prefix, loc)
         keys += [k.completed, k.failed, k.stock]
@@ -163,7 +170,7 @@ def master_names(clu: Target, prefix: str, locations: list[str]) -> list[str]:
     out = []
     for i, node in enumerate(clu.nodes):
         held = [loc for loc in locations if clu.node_of(Keys(prefix, loc).stock) == i]
-        out.append(f"master {node.label} ({', '.join(held)}{'; queue + control keys' if i == queue else ''})")
+        out.append(f"master {node.label} ({', '.join(held)}{'; control keys' if i == queue else ''})")
     return out
 
 
@@ -203,15 +210,16 @@ def preenqueue(url: str, env: dict[str, str], n: int, tag: str, locations: list[
 
 
 def watch(
-    t: Target, proc: Any, queue_key: str, n: int, prefix: str, locations: list[str], timeout: float,
+    t: Target, proc: Any, queue_keys: list[str], n: int, prefix: str, locations: list[str], timeout: float,
     on_first: Any,
 ) -> tuple[float, float, list[Counter[str]]]:
-    """drain.watch over several nodes: LLEN of the queue and ZCARD of every partition's completed and
+    """drain.watch over several nodes: LLEN of every queue and ZCARD of every partition's completed and
     failed, one pipeline per node per poll. Returns (first fetch, completion, commands sent to each node)."""
     pollers = [redis.Redis(host="127.0.0.1", port=int(n_.client.connection_pool.connection_kwargs["port"]),
                            single_connection_client=True, socket_timeout=10) for n_ in t.nodes]
     probes: list[list[tuple[str, str, str]]] = [[] for _ in t.nodes]  # per node: (what, command, key)
-    probes[t.node_of(queue_key)].append(("queue", "LLEN", queue_key))
+    for queue_key in queue_keys:
+        probes[t.node_of(queue_key)].append(("queue", "LLEN", queue_key))
     for loc in locations:
         k = Keys(prefix, loc)
         probes[t.node_of(k.completed)].append(("completed", "ZCARD", k.completed))
@@ -253,11 +261,11 @@ def watch(
 def drain_once(b: Bench, t: Target, n: int, prefix: str, locations: list[str]) -> dict[str, Any]:
     tag = f"c{uuid.uuid4().hex[:8]}"
     env = t.env(b, prefix)
-    queue_key = f"{Keys(prefix).dramatiq}:{QUEUE}"
+    queues = queue_keys(prefix, locations, t.cluster)
     t0 = time.monotonic()
     preenqueue(t.url, env, n, tag, locations)
     enqueue_s = time.monotonic() - t0
-    queued = t.nodes[t.node_of(queue_key)].client.llen(queue_key)
+    queued = sum(t.nodes[t.node_of(key)].client.llen(key) for key in queues)
     if queued != n:
         raise BenchError(f"{queued} messages queued instead of {n}")
     before = t.stats()
@@ -271,7 +279,7 @@ def drain_once(b: Bench, t: Target, n: int, prefix: str, locations: list[str]) -
         load.append(OtherLoad(lambda: [os.getpid(), *(x.pid for x in t.nodes), proc.popen.pid]))
 
     try:
-        first, end, sent = watch(t, proc, queue_key, n, prefix, locations, 60 + n / 200, on_first)
+        first, end, sent = watch(t, proc, queues, n, prefix, locations, 60 + n / 200, on_first)
         worker1, server1 = tree_cpu(proc.popen.pid), t.cpu()
         other = load[0].stop() if load else {"other_pct": float("nan"), "steal_pct": float("nan")}
         after = t.stats()
@@ -575,8 +583,8 @@ def _summary(b: Bench, rate: Any, scpu: Any, wcpu: Any, cmds: Any, reads: Any, c
             + f" → the cluster saturates at {min(caps):,.0f}/s (its hottest master, {names[hot]})"
         )
         # Split the cost into what follows the locations (partitions, spread over the masters) and what
-        # stays on the queue's master whatever the count (dramatiq's queue, the control partition).
-        queue = next(i for i, nm in enumerate(names) if "queue" in nm)
+        # stays on the control partition's master whatever the count (admit.lua, the registries, main's queue).
+        queue = next(i for i, nm in enumerate(names) if "control" in nm)
         others = [s for i, s in enumerate(share) if i != queue]
         partition = cost * (sum(others) / len(others)) * MASTERS if others else cost  # µs per import in partitions
         fixed = max(0.0, cost - partition)
@@ -588,7 +596,7 @@ def _summary(b: Bench, rate: Any, scpu: Any, wcpu: Any, cmds: Any, reads: Any, c
         one_cost = f"; one node measured {median(scpu.base):.1f} µs/import → {1e6 / median(scpu.base):,.0f}/s" if scpu.base else ""
         lines.append(
             f"capacity model at 1/3/10 masters (locations ≥ masters, evenly spread; {fixed:.1f} µs/import stays on the "
-            f"queue's master, {partition:.1f} µs/import follows the partitions): " + "; ".join(model) + one_cost
+            f"control partition's master, {partition:.1f} µs/import follows the partitions): " + "; ".join(model) + one_cost
         )
         if wcpu.imp:
             w_ms = median(wcpu.imp)
