@@ -169,11 +169,10 @@ class JobRecorder(RedisStoreBase):
         """The message of this job is in the broker: it now has until sentAt +
         grace to start (the reconciler sends it again otherwise: a message can
         still be lost after the send, e.g. fetched by a worker whose reply the
-        network dropped). NX: an attempt that already started keeps its deadline."""
+        network dropped). NX: an attempt that already started keeps its deadline.
+        One script call (mark_sent.lua), not a MULTI/EXEC: on a Redis Cluster a
+        transaction that meets a moving slot fails, a script is redirected."""
         k = self.partition_of(job_id)
         deadline = self._now() + int(self.settings.waiting_grace_s * 1000)
         with store_errors():
-            pipe = self.client.pipeline(transaction=True)
-            pipe.zrem(k.unsent, job_id)
-            pipe.zadd(k.deadline, {job_id: deadline}, nx=True)
-            pipe.execute()
+            self._script("mark_sent", keys=[k.unsent, k.deadline], args=[job_id, deadline])
