@@ -16,20 +16,21 @@ from importer.domain.shipment import Shipment
 from importer.domain.stock import MAX_STOCK
 
 
+#: How many KEYS the job-step header has (common.lua, "Job steps"): each step's own follow.
+JOB_STEP_KEYS = 7
+
+
 class AttemptSteps(RedisStoreBase):
     """Implements :class:`importer.domain.ports.AttemptStore`: start.lua, apply.lua, start_apply.lua, fail.lua."""
 
 
     def _job_step(self, job_id: str) -> tuple[list[Any], list[Any]]:
-        """The KEYS and ARGV that start, apply and fail share (common.lua, "Job steps")."""
+        """The KEYS and ARGV that start, apply and fail share (common.lua, "Job steps";
+        ARGV[3..8] are not read: '')."""
         k, s = self.partition_of(job_id), self.settings
-        return (
-            [k.job(job_id), k.events, k.active, k.failed, k.stats],
-            [
-                job_id, s.events_maxlen, k.job(""), k.upload(""), k.owner_jobs(""), k.failed_of(""),
-                s.keep_failed_age_s * 1000, s.keep_failed_count,
-            ],
-        )
+        keys = [k.job(job_id), k.events, k.active, k.failed, k.stats, k.job_events(job_id), k.finished_new]
+        assert len(keys) == JOB_STEP_KEYS
+        return keys, [job_id, s.events_maxlen, "", "", "", "", "", ""]
 
     def _start_args(self, job_id: str, upload_id: str) -> tuple[list[Any], list[Any]]:
         """start.lua's KEYS and ARGV."""
@@ -78,8 +79,7 @@ class AttemptSteps(RedisStoreBase):
             k.receipt(batch_id),
         ]
         args += [
-            batch_id, shipment.content_sha256, owner, attempt, MAX_STOCK,
-            k.completed_of(""), s.keep_completed_age_s * 1000, s.keep_completed_count,
+            batch_id, shipment.content_sha256, owner, attempt, MAX_STOCK, "", "", "",
             error_json("batch.conflict"), error_json("stock.overflow"), token, progress,
         ]
         for row in shipment.rows:
@@ -130,7 +130,7 @@ class AttemptSteps(RedisStoreBase):
             job_id=job_id, upload_id=upload_id, attempt=0, batch_id=batch_id, owner="", shipment=shipment, token="",
         )
         k = self.partition_of(job_id)
-        keys = [*start_keys, *apply_keys[5:]]
+        keys = [*start_keys, *apply_keys[JOB_STEP_KEYS:]]
         if ack is not None:
             # The ack's keys are the job's location's queue's (LocationQueues): in the job's slot on a cluster.
             keys += [ack.acks_key, ack.messages_key, ack.heartbeats_key]

@@ -86,8 +86,8 @@ class LocationQueues:
 class Keys:
     """Every key name, under one hash-tagged prefix: the one place they are made.
 
-    The Lua scripts get them as KEYS, or as name prefixes in ARGV for keys they
-    only discover inside (see the layout in adapters/lua/common.lua).
+    The Lua scripts get every one of them as KEYS (Redis Cluster's rule; see
+    the layout in adapters/redis/lua/common.lua).
     """
 
     def __init__(self, prefix: str, location: str = MAIN) -> None:
@@ -104,6 +104,9 @@ class Keys:
         self.unsent, self.waiting, self.active, self.completed, self.failed = (
             f"{prefix}jobs:{name}" for name in ("unsent", "waiting", "active", "completed", "failed")
         )
+        #: zset jobId -> finishedAt: final, not yet in its owner's retention index
+        #: (the job steps cannot name that index; the retention pass moves it, upkeep.py).
+        self.finished_new = f"{prefix}jobs:finished:new"
         #: dramatiq's Redis broker namespace (its queues).
         self.dramatiq = f"{prefix}dramatiq"
         #: /health's write probe (a tiny expiring string).
@@ -126,8 +129,7 @@ class Keys:
         return f"{self.prefix}job:{job_id}"
 
     def rejections(self, job_id: str) -> str:
-        """string: a failed validation's rejection report (JSON), removed with the
-        record; common.lua's rejections_key makes the same name from the record's."""
+        """string: a failed validation's rejection report (JSON), removed with the record."""
         return f"{self.job(job_id)}:rejections"
 
     def upload(self, upload_id: str) -> str:

@@ -38,6 +38,7 @@ class JobRecorder(RedisStoreBase):
         keys = [
             k.job(job_id), k.upload(upload_id), k.done(batch_id), k.unsent, k.waiting, k.events, k.owner_jobs(owner),
             k.workers, k.workers_accepts, k.workers_accepting(s.producer_version), k.rate(owner, now // window_ms),
+            k.job_events(job_id),  # KEYS[12], always: the job's own event stream
         ]
         args: list[Any] = [
             job_id, batch_id, owner, content_sha256, upload_id, now, csv, s.events_maxlen, s.producer_version,
@@ -87,7 +88,11 @@ class JobRecorder(RedisStoreBase):
 
     def retry_job(self, *, job_id: str, owner: str, upload_id: str, retryable: frozenset[str]) -> RetryOutcome:
         """Retry the owner's failed job in one script call (retry.lua); on the
-        Redis transport its message is written in the same call."""
+        Redis transport its message is written in the same call.
+
+        The upload the record names is renamed in that call, so its key is read
+        just before (HGET: one more round trip) and declared; a record that
+        named another one by then ('changed') is read again."""
         batch_id = batch_id_of(job_id)
         if batch_id is None:
             return RetryOutcome("missing")  # no batch has this job id: no record can have it
@@ -98,21 +103,30 @@ class JobRecorder(RedisStoreBase):
                 return RetryOutcome(
                     "no_worker", producer_version=refused.producer_version, workers_accept=refused.workers_accept,
                 )
-        keys = [
-            k.job(job_id), k.upload(upload_id), k.failed, k.failed_of(owner), k.waiting, k.unsent, k.events, k.deadline,
-            k.workers, k.workers_accepts, k.workers_accepting(s.producer_version),
-        ]
-        args: list[Any] = [
-            job_id, owner, batch_id, upload_id, k.upload(""), s.events_maxlen, ",".join(sorted(retryable)),
-            self._now(), int(s.waiting_grace_s * 1000), s.producer_version,
-        ]
-        if self.messages is not None:
-            message = self.messages(job_id, batch_id, upload_id)
-            keys += [message.queue_key, message.messages_key]
-            args += [message.redis_message_id, message.data]
-        with store_errors():
-            reply = self._script("retry", keys=keys, args=args)
-        kind = text_of(reply[0])
+        message = self.messages(job_id, batch_id, upload_id) if self.messages is not None else None
+        for _ in range(3):
+            with store_errors():
+                current = self.client.hget(k.job(job_id), "uploadId")
+            current_upload = text_of(current) if current is not None else ""
+            keys = [
+                k.job(job_id), k.upload(upload_id), k.failed, k.failed_of(owner), k.waiting, k.unsent, k.events,
+                k.deadline, k.workers, k.workers_accepts, k.workers_accepting(s.producer_version),
+                k.job_events(job_id), k.upload(current_upload),
+            ]
+            args: list[Any] = [
+                job_id, owner, batch_id, upload_id, current_upload, s.events_maxlen, ",".join(sorted(retryable)),
+                self._now(), int(s.waiting_grace_s * 1000), s.producer_version,
+            ]
+            if message is not None:
+                keys += [message.queue_key, message.messages_key]
+                args += [message.redis_message_id, message.data]
+            with store_errors():
+                reply = self._script("retry", keys=keys, args=args)
+            kind = text_of(reply[0])
+            if kind != "changed":
+                break
+        else:
+            kind = "missing"  # the record kept changing under three reads: not a failed record to retry
         if kind == "retried":
             return RetryOutcome("retried", batch_id=batch_id, sent=bool(int(reply[1])), retries=int(reply[2]))
         if kind == "no_worker":
@@ -155,11 +169,10 @@ class JobRecorder(RedisStoreBase):
         """The message of this job is in the broker: it now has until sentAt +
         grace to start (the reconciler sends it again otherwise: a message can
         still be lost after the send, e.g. fetched by a worker whose reply the
-        network dropped). NX: an attempt that already started keeps its deadline."""
+        network dropped). NX: an attempt that already started keeps its deadline.
+        One script call (mark_sent.lua), not a MULTI/EXEC: on a Redis Cluster a
+        transaction that meets a moving slot fails, a script is redirected."""
         k = self.partition_of(job_id)
         deadline = self._now() + int(self.settings.waiting_grace_s * 1000)
         with store_errors():
-            pipe = self.client.pipeline(transaction=True)
-            pipe.zrem(k.unsent, job_id)
-            pipe.zadd(k.deadline, {job_id: deadline}, nx=True)
-            pipe.execute()
+            self._script("mark_sent", keys=[k.unsent, k.deadline], args=[job_id, deadline])

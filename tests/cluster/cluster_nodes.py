@@ -439,12 +439,18 @@ class SlotMigration:
     def keys_left(self) -> int:
         return int(self.source.client().execute_command("CLUSTER", "COUNTKEYSINSLOT", self.slot))
 
-    def move_batch(self, batch: int = 100, replace: bool = False) -> int:
-        """Move up to ``batch`` keys; returns how many were moved (0: none left)."""
+    def move_batch(self, batch: int = 100, replace: bool = False, first: Callable[[bytes], bool] | None = None) -> int:
+        """Move up to ``batch`` keys; returns how many were moved (0: none left).
+        ``first``: keys for which it is true go before the others (an order
+        a migration tool may well take: GETKEYSINSLOT promises none)."""
         if not self.begun:
             raise ClusterError("move_batch() before begin()")
         raw = self.source.raw_client()
-        keys = raw.execute_command("CLUSTER", "GETKEYSINSLOT", self.slot, batch)
+        if first is None:
+            keys = raw.execute_command("CLUSTER", "GETKEYSINSLOT", self.slot, batch)
+        else:
+            every = raw.execute_command("CLUSTER", "GETKEYSINSLOT", self.slot, 100_000)
+            keys = sorted(every, key=lambda key: not first(key))[:batch]
         if not keys:
             return 0
         args: list[Any] = ["MIGRATE", "127.0.0.1", self.target.port, "", 0, self.migrate_timeout_ms]

@@ -50,7 +50,7 @@ class ProbeStore(RedisStore):
         pipe.delete(k.job(job_id), k.job_events(job_id), k.rejections(job_id))
         if record[0]:
             pipe.delete(k.upload(record[0].decode()))
-        indexes = [k.completed, k.failed, k.waiting, k.unsent, k.active, k.deadline]
+        indexes = [k.completed, k.failed, k.waiting, k.unsent, k.active, k.deadline, k.finished_new]
         if record[1] is not None:
             owner = record[1].decode()
             indexes += [k.owner_jobs(owner), k.completed_of(owner), k.failed_of(owner)]

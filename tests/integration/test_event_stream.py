@@ -196,7 +196,8 @@ def test_retention_removes_a_record_from_its_owners_list_and_its_event_stream(ma
     system.wait_state("shipment-rt-1")
     system.post_csv("rt-2", SEED.replace(b"10", b"12"))
     system.wait_state("shipment-rt-2")
-    assert system.get_job("shipment-rt-1")[0] == 404
+    # Retention runs in the reconciler's pass (every 0.5 s here).
+    wait_for(lambda: system.get_job("shipment-rt-1")[0] == 404, 10, message="retention")
     ids = [item["id"] for item in json.loads(system.request("GET", "/api/imports")[2])["items"]]
     assert ids == ["shipment-rt-2"]
     store = system.store()

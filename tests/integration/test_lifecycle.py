@@ -48,6 +48,9 @@ def test_retention_by_count_keeps_the_newest_and_never_the_history(make_system: 
     for batch in failed:
         assert import_and_wait(system, batch, BAD)["state"] == "failed"
 
+    # Retention runs in the reconciler's pass (every 0.5 s here).
+    wait_for(lambda: system.get_job(job_id_for(batches[4]))[0] == 404, 10, message="retention of completed")
+    wait_for(lambda: system.get_job(job_id_for(failed[0]))[0] == 404, 10, message="retention of failed")
     gone = [system.get_job(job_id_for(b)) for b in batches[:5]]
     assert all(status == 404 for status, _ in gone)
     assert gone[0][1]["code"] == "job.not_found"
@@ -85,8 +88,8 @@ def test_retention_by_age(make_system: object) -> None:
     system.start_http()
     import_and_wait(system, "old-1", csv_for(1))
     time.sleep(2.5)
-    import_and_wait(system, "new-1", csv_for(2))  # its completion cleans up
-    assert system.get_job("shipment-old-1")[0] == 404
+    import_and_wait(system, "new-1", csv_for(2))
+    wait_for(lambda: system.get_job("shipment-old-1")[0] == 404, 10, message="retention by age")
     assert system.get_job("shipment-new-1")[0] == 200
     assert system.request("GET", "/api/shipments/old-1")[0] == 200
 

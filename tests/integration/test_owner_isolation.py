@@ -56,6 +56,9 @@ def test_one_owners_traffic_does_not_remove_anothers_records(make_system: object
     for n, batch in enumerate(b_done):
         assert import_and_wait(system, batch, csv_for(100 + n), b)["state"] == "completed"
 
+    # Retention runs in the reconciler's pass (every 0.5 s here).
+    wait_for(lambda: system.get_job(job_id_for(b_done[2]), key=b)[0] == 404, 10, message="retention of B's completed")
+    wait_for(lambda: system.get_job(job_id_for(b_failed[3]), key=b)[0] == 404, 10, message="retention of B's failed")
     # A's records are untouched: B sent more than the count of each kind.
     status, record = system.get_job(job_id_for("a-bad-1"), key=a)
     assert status == 200 and record == a_failed
@@ -82,9 +85,10 @@ def test_age_retention_also_clears_the_owner_indexes(make_system: object) -> Non
     import_and_wait(system, "age-a-1", csv_for(1), system.api_key)
     import_and_wait(system, "age-b-1", csv_for(2), system.other_key)
     time.sleep(2.5)
-    import_and_wait(system, "age-b-2", csv_for(3), system.other_key)  # its completion cleans up
-    assert system.get_job(job_id_for("age-a-1"))[0] == 404
+    import_and_wait(system, "age-b-2", csv_for(3), system.other_key)
     store = system.store()
+    wait_for(lambda: system.get_job(job_id_for("age-a-1"))[0] == 404, 10, message="retention by age")
+    wait_for(lambda: store.client.zcard(store.keys.finished_new) == 0, 10, message="age-b-2 in its owner's index")
     assert store.client.zcard(store.keys.completed_of("owner-a")) == 0
     assert store.client.zrange(store.keys.completed_of("owner-b"), 0, -1) == [b"shipment-age-b-2"]
     assert store.client.zrange(store.keys.completed, 0, -1) == [b"shipment-age-b-2"]

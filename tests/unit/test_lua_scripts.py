@@ -93,27 +93,29 @@ def test_every_declared_argument_is_used(name: str) -> None:
     # ("ARGV[n] onwards: ..." declares a variadic tail, read in a loop.)
     header = "\n".join(line for line in text.splitlines() if line.startswith("--") and "onwards" not in line)
     code = code_of(name)
-    shared = "KEYS[1..5], ARGV[1..8]" in header
+    shared = "KEYS[1..7], ARGV[1..8]" in header
     for kind in ("KEYS", "ARGV"):
         declared = {int(i) for i in re.findall(kind + r"\[(\d+)\]", header)}
         used = {int(i) for i in re.findall(kind + r"\[(\d+)\]", code)}
         if shared:
-            assert not declared & set(range(1, 6 if kind == "KEYS" else 9)), "the job-step header is documented in common.lua"
-            used |= set(range(1, 6 if kind == "KEYS" else 9))
+            assert not declared & set(range(1, 8 if kind == "KEYS" else 9)), "the job-step header is documented in common.lua"
+            used |= set(range(1, 8 if kind == "KEYS" else 9))
         assert declared <= used, (kind, sorted(declared - used))
 
 
-def test_a_jobs_event_stream_is_named_alike_in_lua_and_in_keys() -> None:
-    """emit() and retention derive P:events:<jobId> from P:events; Keys.job_events must agree."""
-    match = re.search(r"local function job_events_key\(events_key, job_id\)\s*return (.*?)\s*end", code_of("common"), re.S)
-    assert match is not None and match.group(1) == "events_key .. ':' .. job_id"
-    keys = Keys("{x}:")
-    assert keys.job_events("shipment-1") == keys.events + ":" + "shipment-1"
+def test_the_job_step_header_is_as_long_in_lua_and_in_python() -> None:
+    """start_apply.lua slices its KEYS by the header's length; AttemptSteps passes it."""
+    from importer.adapters.redis.attempts import JOB_STEP_KEYS
+
+    match = re.search(r"KEYS\[(\d+)\] P:jobs:finished:new\n--   ARGV\[1\] jobId", (LUA / "common.lua").read_text(encoding="utf-8"))
+    assert match is not None and int(match.group(1)) == JOB_STEP_KEYS
+    assert f"slice(KEYS, 1, {JOB_STEP_KEYS})" in code_of("start_apply")
 
 
-def test_a_jobs_rejection_report_is_named_alike_in_lua_and_in_keys() -> None:
-    """Retention derives P:job:<jobId>:rejections from the record's key; Keys.rejections must agree."""
-    match = re.search(r"local function rejections_key\(job_key\)\s*return (.*?)\s*end", code_of("common"), re.S)
-    assert match is not None and match.group(1) == "job_key .. ':rejections'"
-    keys = Keys("{x}:")
-    assert keys.rejections("shipment-1") == keys.job("shipment-1") + ":rejections"
+@pytest.mark.parametrize("name", ALL)
+def test_no_script_builds_a_key_name(name: str) -> None:
+    """Every key is declared in KEYS (Redis Cluster's rule): no key name is
+    concatenated inside a script (the runtime check is tests/integration/test_declared_keys.py)."""
+    code = code_of(name)
+    assert re.search(r"redis\.p?call\('[A-Za-z]+',\s*[^,)]*\.\.", code) is None
+    assert "_prefix" not in code, "a key name prefix in a script"

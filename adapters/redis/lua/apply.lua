@@ -1,13 +1,13 @@
 -- apply.lua: apply one validated shipment to stock exactly once, atomically,
 -- and complete (or fail) its job in the same step.
 --
--- KEYS[1..5], ARGV[1..8]: the job-step header (common.lua), then
--- KEYS[6] P:stock   KEYS[7] P:generation   KEYS[8] P:done:<batchId>   KEYS[9] P:journal
--- KEYS[10] P:jobs:completed   KEYS[11] P:upload:<uploadId>   KEYS[12] P:jobs:deadline
--- KEYS[13] P:receipt:<batchId>
+-- KEYS[1..7], ARGV[1..8]: the job-step header (common.lua), then
+-- KEYS[8] P:stock   KEYS[9] P:generation   KEYS[10] P:done:<batchId>   KEYS[11] P:journal
+-- KEYS[12] P:jobs:completed   KEYS[13] P:upload:<uploadId>   KEYS[14] P:jobs:deadline
+-- KEYS[15] P:receipt:<batchId>
 -- ARGV[9] batchId  ARGV[10] contentSha256  ARGV[11] owner  ARGV[12] attempt  ARGV[13] maxStock
--- ARGV[14] 'P:jobs:completed:' (an owner's completed index is this plus the owner)
--- ARGV[15] keepCompletedAgeMs  ARGV[16] keepCompletedCount
+-- ARGV[14..16] '' (not read: they held retention's name prefix and limits, now the
+--   retention pass's; kept so that the numbers after them stay)
 -- ARGV[17] public error JSON for a conflict  ARGV[18] ... for an overflow
 -- ARGV[19] the attempt's fencing token (start.lua): the apply and the job's
 --          completion take effect only while the job is active under it
@@ -48,12 +48,12 @@ step.attempt_started = attempt_started
 if not state then return {'missing'} end
 if is_finished(state) then return {'finished', state} end
 if state ~= 'active' or (token or '') ~= ARGV[19] then return {'stale', state} end
-redis.call('ZREM', KEYS[12], job_id)
-emit(step.events, step.maxlen, 'progress', job_id, batch_id, attempt, validated)
+redis.call('ZREM', KEYS[14], job_id)
+emit(step.events, step.job_events, step.maxlen, 'progress', job_id, batch_id, attempt, validated)
 
 local function fail(error_json, diagnostic)
   redis.call('HSET', job_key, 'progress', validated)
-  mark_failed(step, batch_id, owner, attempt, error_json, diagnostic)
+  mark_failed(step, batch_id, attempt, error_json, diagnostic)
 end
 
 local function complete(result_json)
@@ -61,17 +61,16 @@ local function complete(result_json)
   -- The content key stays with the record its upload leaves (enqueue.lua compares a re-POST with it).
   redis.call('HSET', job_key, 'state', 'completed', 'progress', progress, 'result', result_json,
     'error', '', 'finishedAt', now, 'updatedAt', now, 'contentSha256', sha)
-  redis.call('DEL', KEYS[11])
+  redis.call('DEL', KEYS[13])
   redis.call('ZREM', step.active, job_id)
-  index_finished(step, KEYS[10], ARGV[14], owner)
-  emit(step.events, step.maxlen, 'progress', job_id, batch_id, attempt, progress)
-  emit(step.events, step.maxlen, 'completed', job_id, batch_id, attempt, result_json)
+  index_finished(step, KEYS[12])
+  emit(step.events, step.job_events, step.maxlen, 'progress', job_id, batch_id, attempt, progress)
+  emit(step.events, step.job_events, step.maxlen, 'completed', job_id, batch_id, attempt, result_json)
   count(step.stats, 'completed')
   observe_duration(step)
-  retain(step, KEYS[10], ARGV[14], owner, tonumber(ARGV[15]), tonumber(ARGV[16]))
 end
 
-local done = redis.call('HMGET', KEYS[8], 'contentSha256', 'result')
+local done = redis.call('HMGET', KEYS[10], 'contentSha256', 'result')
 if done[1] then
   if done[1] ~= sha then
     fail(ARGV[17], 'done marker of ' .. batch_id .. ' has another content hash')
@@ -102,7 +101,7 @@ for start = first_pair, #ARGV, 2 * CHUNK do
   local skus = {}
   local last = math.min(start + 2 * CHUNK - 1, #ARGV)
   for i = start, last, 2 do skus[#skus + 1] = ARGV[i] end
-  local current = redis.call('HMGET', KEYS[6], unpack(skus))
+  local current = redis.call('HMGET', KEYS[8], unpack(skus))
   local n, fields = 0, {}
   for j, sku in ipairs(skus) do
     local i = start + 2 * (j - 1)
@@ -124,14 +123,14 @@ for start = first_pair, #ARGV, 2 * CHUNK do
 end
 
 for _, chunk in ipairs(updates) do
-  redis.call('HSET', KEYS[6], unpack(chunk))
+  redis.call('HSET', KEYS[8], unpack(chunk))
 end
-redis.call('SET', KEYS[13], table.concat(receipt))
-redis.call('INCR', KEYS[7])
+redis.call('SET', KEYS[15], table.concat(receipt))
+redis.call('INCR', KEYS[9])
 local result_json = '{"imported":' .. rows .. ',"batchId":' .. cjson.encode(batch_id) .. '}'
-redis.call('HSET', KEYS[8], 'batchId', batch_id, 'contentSha256', sha, 'result', result_json,
+redis.call('HSET', KEYS[10], 'batchId', batch_id, 'contentSha256', sha, 'result', result_json,
   'owner', owner, 'appliedAt', now, 'jobId', job_id)
-redis.call('XADD', KEYS[9], '*', 'batchId', batch_id, 'jobId', job_id, 'owner', owner,
+redis.call('XADD', KEYS[11], '*', 'batchId', batch_id, 'jobId', job_id, 'owner', owner,
   'contentSha256', sha, 'appliedAt', now, 'result', result_json)
 complete(result_json)
 count(step.stats, 'rows_applied', rows)

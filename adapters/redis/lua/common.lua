@@ -3,8 +3,8 @@
 --
 -- Key layout, all under one prefix P that carries a hash tag, e.g. "{importer}:",
 -- so that every key below hashes to one Redis Cluster slot. The names are
--- made by the Keys class in adapters/redis/store.py and reach the scripts as
--- KEYS, or as ARGV name prefixes for keys only known inside a script:
+-- made by the Keys class in adapters/redis/keys.py and reach the scripts as
+-- KEYS (every one of them; see "Job steps" below):
 --   P:stock                 hash    sku -> units on hand
 --   P:generation            string  bumped once per applied shipment
 --   P:done:<batchId>        hash    done marker: result, contentSha256, owner, appliedAt, jobId (kept forever)
@@ -22,11 +22,13 @@
 --   P:jobs:failed           zset    jobId -> finishedAt (all owners: retention by age, metrics)
 --   P:jobs:completed:<owner> zset   jobId -> finishedAt (one owner's: retention by count)
 --   P:jobs:failed:<owner>   zset    jobId -> finishedAt (one owner's: retention by count)
+--   P:jobs:finished:new     zset    jobId -> finishedAt, finished but not yet in its owner's index
+--                                   (the retention pass moves it there, retain_index.lua)
 --   P:events                stream  every job change (approximate MAXLEN)
 --   P:events:<jobId>        stream  [console] the same entries for one job, under the same ids as in
 --                                   P:events (GET /api/imports/{jobId}/events reads it); removed with the record
 --   P:jobs:owner:<owner>    zset    [console] jobId -> createdAt, one owner's job records (GET /api/imports);
---                                   written by enqueue.lua, removed with the record by retention
+--                                   written by enqueue.lua, removed with the record by retention (retain_drop.lua)
 --   P:stats                 hash    queue-wide counters for /metrics (completed, failed:<code>,
 --                                   retries, rows_applied, replays, duration buckets)
 --   P:rate:<owner>:<window> string  POSTs of one owner in one rate-limit window (expires)
@@ -47,17 +49,19 @@
 -- Job steps: start.lua, apply.lua and fail.lua change a job's state and share
 -- their first KEYS and ARGV (read by job_step below), then add their own:
 --   KEYS[1] P:job:<jobId>   KEYS[2] P:events   KEYS[3] P:jobs:active
---   KEYS[4] P:jobs:failed   KEYS[5] P:stats
---   ARGV[1] jobId  ARGV[2] events maxlen  ARGV[3] 'P:job:'  ARGV[4] 'P:upload:'
---   ARGV[5] 'P:jobs:owner:'  ARGV[6] 'P:jobs:failed:' (an owner's index is the prefix plus the owner)
---   ARGV[7] keepFailedAgeMs  ARGV[8] keepFailedCount
+--   KEYS[4] P:jobs:failed   KEYS[5] P:stats    KEYS[6] P:events:<jobId>
+--   KEYS[7] P:jobs:finished:new
+--   ARGV[1] jobId  ARGV[2] events maxlen  ARGV[3..8] '' (not read: they held retention's
+--   name prefixes and limits; kept so that each step's own ARGV keep their numbers)
 --
--- Retention deletes job and upload keys it finds in the retention indexes,
--- and keeps per-owner indexes; their names are only known once an index or a
--- record is read, so they are built from the name prefixes in ARGV (and a
--- job's own event stream by job_events_key, the rule Keys.job_events follows;
--- a test checks both agree). They share P's hash tag, so they live in the
--- same slot as every declared key.
+-- Every key a script reads or writes is in its KEYS (Redis Cluster's rule:
+-- a slot can then move while the scripts run, see docs/scaling-out.md); no
+-- script makes a key name. What a job step cannot know before it runs (the
+-- owner of the job, the records retention removes) is left to the upkeep:
+-- a job that becomes final enters P:jobs:finished:new, and the retention
+-- pass (retain_index.lua, retain_drop.lua, called by adapters/redis/upkeep.py)
+-- puts it in its owner's retention index and removes old records, each call
+-- with every key it touches declared.
 
 -- Milliseconds from the server's clock (TIME is allowed in scripts since
 -- Redis 5, which replicates effects rather than scripts).
@@ -72,32 +76,21 @@ local function job_step(keys, argv)
   keys, argv = keys or KEYS, argv or ARGV
   return {
     key = keys[1], events = keys[2], active = keys[3], failed = keys[4], stats = keys[5],
-    id = argv[1], maxlen = argv[2], job_prefix = argv[3], upload_prefix = argv[4],
-    owner_jobs_prefix = argv[5], failed_of = argv[6],
-    keep_failed_age = tonumber(argv[7]), keep_failed_count = tonumber(argv[8]),
+    job_events = keys[6], finished_new = keys[7], id = argv[1], maxlen = argv[2],
     now = server_ms(),
   }
 end
 
--- [console] One job's own event stream: P:events:<jobId> (Keys.job_events).
-local function job_events_key(events_key, job_id)
-  return events_key .. ':' .. job_id
-end
-
--- A failed validation's rejection report: P:job:<jobId>:rejections (Keys.rejections).
-local function rejections_key(job_key)
-  return job_key .. ':rejections'
-end
-
--- Each event goes to P:events and [console] to P:events:<jobId> under the
--- same id, so that a stream of one job reads only its own entries. pcall:
--- that second write must never abort the script after the first one.
+-- Each event goes to P:events and [console] to the job's own stream
+-- P:events:<jobId> (job_events_key, declared by the caller) under the same id,
+-- so that a stream of one job reads only its own entries. pcall: that second
+-- write must never abort the script after the first one.
 local JOB_EVENTS_MAXLEN = 64
-local function emit(events_key, maxlen, kind, job_id, batch_id, attempt, data)
+local function emit(events_key, job_events_key, maxlen, kind, job_id, batch_id, attempt, data)
   local id = redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*',
     'event', kind, 'jobId', job_id, 'batchId', batch_id,
     'attempt', attempt, 'data', data)
-  redis.pcall('XADD', job_events_key(events_key, job_id), 'MAXLEN', JOB_EVENTS_MAXLEN, id,
+  redis.pcall('XADD', job_events_key, 'MAXLEN', JOB_EVENTS_MAXLEN, id,
     'event', kind, 'jobId', job_id, 'batchId', batch_id,
     'attempt', attempt, 'data', data)
 end
@@ -106,39 +99,12 @@ local function is_finished(state)
   return state == 'completed' or state == 'failed'
 end
 
--- A finished job enters the retention indexes: all owners' and its owner's.
-local function index_finished(step, index_key, owner_prefix, owner)
+-- A finished job enters the all-owner retention index (index_key: P:jobs:completed
+-- or P:jobs:failed) and P:jobs:finished:new, from where the retention pass
+-- puts it in its owner's index (whose name the caller cannot know beforehand).
+local function index_finished(step, index_key)
   redis.call('ZADD', index_key, step.now, step.id)
-  redis.call('ZADD', owner_prefix .. owner, step.now, step.id)
-end
-
--- Remove finished job records older than age_ms, over all owners, then all
--- but the newest `count` of this owner's, so that one owner's traffic never
--- removes another's records before their age runs out. The upload, the
--- owner's index entries, the rejection report and [console] the job's event
--- stream go with the record. Bounded work per call (at most 2 x 1000 records); the rest goes on
--- the next state change.
-local function retain(step, index_key, owner_prefix, owner, age_ms, count)
-  local function drop(id, known_owner)
-    local job_key = step.job_prefix .. id
-    local rec = redis.call('HMGET', job_key, 'uploadId', 'owner')
-    if rec[1] then redis.call('DEL', step.upload_prefix .. rec[1]) end
-    redis.call('DEL', job_key, job_events_key(step.events, id), rejections_key(job_key))
-    redis.call('ZREM', index_key, id)
-    local of = rec[2] or known_owner
-    if of then
-      redis.call('ZREM', owner_prefix .. of, id)
-      redis.call('ZREM', step.owner_jobs_prefix .. of, id)
-    end
-  end
-  local old = redis.call('ZRANGEBYSCORE', index_key, '-inf', '(' .. (step.now - age_ms), 'LIMIT', 0, 1000)
-  for _, id in ipairs(old) do drop(id, false) end
-  local owner_index = owner_prefix .. owner
-  local extra = redis.call('ZCARD', owner_index) - count
-  if extra > 0 then
-    if extra > 1000 then extra = 1000 end
-    for _, id in ipairs(redis.call('ZRANGE', owner_index, 0, extra - 1)) do drop(id, owner) end
-  end
+  redis.call('ZADD', step.finished_new, step.now, step.id)
 end
 
 -- Queue-wide counters in P:stats, read by GET /metrics.
@@ -168,18 +134,16 @@ local function observe_duration(step)
   redis.call('HINCRBY', step.stats, 'duration_sum_ms', ms)
 end
 
--- The job ends failed: record, indexes, event, retention, counters. The one
--- way start, apply and fail mark a job failed.
--- (A record without an owner, written by hand, counts as owner ''.)
-local function mark_failed(step, batch_id, owner, attempt, error_json, diagnostic)
+-- The job ends failed: record, indexes, event, counters. The one way start,
+-- apply, fail and the reconciler mark a job failed.
+local function mark_failed(step, batch_id, attempt, error_json, diagnostic)
   redis.call('HSET', step.key, 'state', 'failed', 'error', error_json, 'diagnostic', diagnostic,
     'finishedAt', step.now, 'updatedAt', step.now)
   redis.call('ZREM', step.active, step.id)
-  index_finished(step, step.failed, step.failed_of, owner or '')
-  emit(step.events, step.maxlen, 'failed', step.id, batch_id, attempt, error_json)
+  index_finished(step, step.failed)
+  emit(step.events, step.job_events, step.maxlen, 'failed', step.id, batch_id, attempt, error_json)
   count_failed(step.stats, error_json)
   observe_duration(step)
-  retain(step, step.failed, step.failed_of, owner or '', step.keep_failed_age, step.keep_failed_count)
 end
 
 -- [door] nil when a producer of `version` may record new work, else the

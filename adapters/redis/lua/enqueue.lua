@@ -20,8 +20,11 @@
 --   before the body was read: RedisStore.take_rate_token, for large bodies)
 -- ARGV[11] the counter's expiry ms (twice the window, as take_rate_token sets it)
 --
+-- KEYS[12] P:events:<jobId>   [console] the job's own event stream (always here,
+--   before the optional message keys: every key the script writes is declared)
+--
 -- With the job's dramatiq message (Redis transport, the broker on this Redis):
--- KEYS[12] <namespace>:<queue>  KEYS[13] <namespace>:<queue>.msgs  KEYS[14] P:jobs:deadline
+-- KEYS[13] <namespace>:<queue>  KEYS[14] <namespace>:<queue>.msgs  KEYS[15] P:jobs:deadline
 -- ARGV[15] redis_message_id  ARGV[16] the message as dramatiq's encoder wrote it
 -- ARGV[17] waiting grace ms
 --   written as dramatiq's RedisBroker.enqueue (its dispatch.lua) writes it:
@@ -98,13 +101,13 @@ redis.call('HSET', job_key,
 redis.call('SET', upload_key, ARGV[7])
 redis.call('ZADD', KEYS[5], ARGV[6], job_id)
 redis.call('ZADD', KEYS[7], ARGV[6], job_id)  -- [console] GET /api/imports
-emit(KEYS[6], ARGV[8], 'waiting', job_id, batch_id, 0, '{}')
-local queue_key, messages_key = KEYS[12], KEYS[13]
+emit(KEYS[6], KEYS[12], ARGV[8], 'waiting', job_id, batch_id, 0, '{}')
+local queue_key, messages_key = KEYS[13], KEYS[14]
 local message_id, message_data = ARGV[15], ARGV[16]
 if queue_key and message_id then
   redis.call('HSET', messages_key, message_id, message_data)
   redis.call('RPUSH', queue_key, message_id)
-  redis.call('ZADD', KEYS[14], 'NX', tonumber(ARGV[6]) + tonumber(ARGV[17]), job_id)
+  redis.call('ZADD', KEYS[15], 'NX', tonumber(ARGV[6]) + tonumber(ARGV[17]), job_id)
   return {'created', 1}
 end
 redis.call('ZADD', KEYS[4], ARGV[6], job_id)

@@ -1,21 +1,21 @@
 -- fail.lua: record a failed attempt: 'retrying' when another attempt will
 -- come, 'failed' when not.
 --
--- KEYS[1..5], ARGV[1..8]: the job-step header (common.lua), then
+-- KEYS[1..7], ARGV[1..8]: the job-step header (common.lua), then
 -- ARGV[9] attempt ('' = a failure before any attempt started, e.g. an
 -- unreadable message: counts as a new attempt)  ARGV[10] final: '1', '0', or
 -- 'auto' (final when the attempts counted reach ARGV[18])
 -- ARGV[11] public error JSON  ARGV[12] diagnostic (operators only)
 -- ARGV[13] next attempt at (ms, '' when final)
--- KEYS[6] P:jobs:deadline
+-- KEYS[8] P:jobs:deadline
 -- ARGV[14] the attempt's fencing token ('' = no attempt started: only allowed
 --          while the job is not active)
 -- ARGV[15] grace ms: a retrying job whose next attempt has not started by
 --          nextAttemptAt + grace is sent again by the reconciler
--- KEYS[7] P:job:<jobId>:rejections
+-- KEYS[9] P:job:<jobId>:rejections
 -- ARGV[16] the rejection report JSON ('' = none): a final failure writes it to
---          KEYS[7] (removes it when ''), in the same step as the record, before
---          retention runs (which removes it with the record)
+--          KEYS[9] (removes it when ''), in the same step as the record (retention
+--          removes it with the record)
 -- ARGV[17] '1' when the attempt failed because the store was away (an
 --          outage: counted in `outages`, never toward the attempts, never final)
 -- ARGV[18] max attempts (for 'auto'): counted = attempt - outages - stalls
@@ -49,15 +49,15 @@ elseif ARGV[10] == 'auto' then
   final = counted >= tonumber(ARGV[18])
 end
 if final then
-  if ARGV[16] ~= '' then redis.call('SET', KEYS[7], ARGV[16]) else redis.call('DEL', KEYS[7]) end
-  mark_failed(step, rec[2], rec[3], attempt, error_json, diagnostic)
-  redis.call('ZREM', KEYS[6], step.id)
+  if ARGV[16] ~= '' then redis.call('SET', KEYS[9], ARGV[16]) else redis.call('DEL', KEYS[9]) end
+  mark_failed(step, rec[2], attempt, error_json, diagnostic)
+  redis.call('ZREM', KEYS[8], step.id)
   return {'failed'}
 end
 redis.call('ZREM', step.active, step.id)
 redis.call('HSET', step.key, 'state', 'retrying', 'error', error_json, 'diagnostic', diagnostic,
   'nextAttemptAt', ARGV[13], 'updatedAt', step.now)
-redis.call('ZADD', KEYS[6], tonumber(ARGV[13]) + tonumber(ARGV[15]), step.id)
-emit(step.events, step.maxlen, 'retrying', step.id, rec[2], attempt, error_json)
+redis.call('ZADD', KEYS[8], tonumber(ARGV[13]) + tonumber(ARGV[15]), step.id)
+emit(step.events, step.job_events, step.maxlen, 'retrying', step.id, rec[2], attempt, error_json)
 count(step.stats, 'retries')
 return {'retrying'}

@@ -5,7 +5,8 @@
 -- KEYS[5] P:jobs:waiting           KEYS[6] P:jobs:unsent
 -- KEYS[7] P:events                 KEYS[8] P:jobs:deadline
 -- ARGV[1] jobId  ARGV[2] owner (the caller)  ARGV[3] batchId (of the jobId)
--- ARGV[4] the new uploadId  ARGV[5] 'P:upload:' (the record's own upload is found inside)
+-- ARGV[4] the new uploadId  ARGV[5] the record's uploadId as the caller read it just before
+--   (its upload is KEYS[13]; another one now: {'changed'}, nothing written, the caller reads again)
 -- ARGV[6] events maxlen
 -- ARGV[7] the failure codes a retry can change, comma separated
 --   (domain/retry_import.py RETRYABLE_CODES, which also words each refusal)
@@ -14,8 +15,11 @@
 --   [door] the live workers (presence.lua), as enqueue.lua checks them
 -- ARGV[10] the contract version of the message this producer sends
 --
+-- KEYS[12] P:events:<jobId>   [console] the job's own event stream
+-- KEYS[13] P:upload:<ARGV[5]>   the upload the record names (renamed to KEYS[2])
+--
 -- With the job's dramatiq message (Redis transport, the broker on this Redis):
--- KEYS[12] <namespace>:<queue>  KEYS[13] <namespace>:<queue>.msgs
+-- KEYS[14] <namespace>:<queue>  KEYS[15] <namespace>:<queue>.msgs
 -- ARGV[11] redis_message_id  ARGV[12] the message as dramatiq's encoder wrote it
 --   (for the new uploadId), written as enqueue.lua writes it; the job gets the
 --   deadline of a sent message. Without them the job goes into P:jobs:unsent
@@ -42,7 +46,7 @@
 -- A second retry of the same job finds it 'waiting': refused (one new chain).
 --
 -- Returns {'retried', sent (1|0), retries} | {'missing'} | {'not_retryable', reason, state, code}
---       | {'no_worker', versions}
+--       | {'no_worker', versions} | {'changed'} (the record names another upload than ARGV[5])
 
 local job_key, new_upload_key = KEYS[1], KEYS[2]
 local job_id, owner, batch_id, upload_id = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
@@ -63,7 +67,8 @@ for listed in string.gmatch(ARGV[7], '[^,]+') do
 end
 if not retryable then return {'not_retryable', 'code', state, code} end
 
-local old_upload_key = ARGV[5] .. (rec[4] or '')
+if (rec[4] or '') ~= ARGV[5] then return {'changed'} end
+local old_upload_key = KEYS[13]
 if not rec[4] or rec[4] == '' or redis.call('EXISTS', old_upload_key) == 0 then
   return {'not_retryable', 'upload_gone', state, code}
 end
@@ -78,9 +83,9 @@ redis.call('HSET', job_key, 'state', 'waiting', 'attempt', 0, 'uploadId', upload
 redis.call('ZREM', KEYS[3], job_id)
 redis.call('ZREM', KEYS[4], job_id)
 redis.call('ZADD', KEYS[5], now, job_id)
-emit(KEYS[7], ARGV[6], 'waiting', job_id, batch_id, 0, '{"retry":' .. retries .. '}')
+emit(KEYS[7], KEYS[12], ARGV[6], 'waiting', job_id, batch_id, 0, '{"retry":' .. retries .. '}')
 
-local queue_key, messages_key = KEYS[12], KEYS[13]
+local queue_key, messages_key = KEYS[14], KEYS[15]
 local message_id, message_data = ARGV[11], ARGV[12]
 if queue_key and message_id then
   redis.call('HSET', messages_key, message_id, message_data)

@@ -1,9 +1,9 @@
 -- start.lua: begin one attempt of a job and hand its upload to the worker.
 --
--- KEYS[1..5], ARGV[1..8]: the job-step header (common.lua), then
--- KEYS[6] P:upload:<uploadId from the message>   KEYS[7] P:jobs:waiting   KEYS[8] P:jobs:unsent
+-- KEYS[1..7], ARGV[1..8]: the job-step header (common.lua), then
+-- KEYS[8] P:upload:<uploadId from the message>   KEYS[9] P:jobs:waiting   KEYS[10] P:jobs:unsent
 -- ARGV[9] uploadId  ARGV[10] maxAttempts  ARGV[11] public error JSON for exhausted attempts
--- KEYS[9] P:jobs:deadline   KEYS[10] P:fence (the fencing token counter)
+-- KEYS[11] P:jobs:deadline   KEYS[12] P:fence (the fencing token counter)
 -- ARGV[12] lease ms (the attempt holds the job this long unless renewed, renew.lua)
 -- ARGV[13] cap ms (time limit + stall margin: no renewal goes past start + cap)
 -- ARGV[14] public error JSON for a missing upload
@@ -33,32 +33,32 @@ if state == 'active' then
   -- Another attempt holds the job. Even when its lease ran out, this delivery
   -- does not take over: the reconciler decides whom to blame (reconcile.lua:
   -- a stall, or nobody after an outage) and sends the job again.
-  if not redis.call('ZSCORE', KEYS[9], step.id) then redis.call('ZADD', KEYS[9], step.now, step.id) end
+  if not redis.call('ZSCORE', KEYS[11], step.id) then redis.call('ZADD', KEYS[11], step.now, step.id) end
   return {'busy', redis.call('HGET', step.key, 'attempt')}
 end
 
 local attempt = redis.call('HINCRBY', step.key, 'attempt', 1)
-redis.call('ZREM', KEYS[7], step.id)
-redis.call('ZREM', KEYS[8], step.id)
+redis.call('ZREM', KEYS[9], step.id)
+redis.call('ZREM', KEYS[10], step.id)
 local uncounted = redis.call('HMGET', step.key, 'outages', 'stalls')
 local counted = attempt - tonumber(uncounted[1] or '0') - tonumber(uncounted[2] or '0')
 
 if counted > max_attempts then
-  mark_failed(step, rec[3], rec[4], attempt, ARGV[11],
+  mark_failed(step, rec[3], attempt, ARGV[11],
     'attempt ' .. attempt .. ' (' .. counted .. ' counted) exceeds max attempts ' .. ARGV[10])
-  redis.call('ZREM', KEYS[9], step.id)
+  redis.call('ZREM', KEYS[11], step.id)
   return {'exhausted', attempt}
 end
 
-local csv = redis.call('GET', KEYS[6])
+local csv = redis.call('GET', KEYS[8])
 if not csv then
-  mark_failed(step, rec[3], rec[4], attempt, ARGV[14], 'upload key missing')
-  redis.call('ZREM', KEYS[9], step.id)
+  mark_failed(step, rec[3], attempt, ARGV[14], 'upload key missing')
+  redis.call('ZREM', KEYS[11], step.id)
   return {'upload_missing', attempt}
 end
 
 local now = step.now
-local token = tostring(redis.call('INCR', KEYS[10]))
+local token = tostring(redis.call('INCR', KEYS[12]))
 local cap = now + tonumber(ARGV[13])
 local fields = {'state', 'active', 'updatedAt', now, 'progress', '', 'attemptStartedAt', now,
   'token', token, 'leaseCap', cap}
@@ -68,6 +68,6 @@ if not rec[6] then
 end
 redis.call('HSET', step.key, unpack(fields))
 redis.call('ZADD', step.active, now, step.id)
-redis.call('ZADD', KEYS[9], math.min(now + tonumber(ARGV[12]), cap), step.id)
-emit(step.events, step.maxlen, 'active', step.id, rec[3], attempt, '{}')
+redis.call('ZADD', KEYS[11], math.min(now + tonumber(ARGV[12]), cap), step.id)
+emit(step.events, step.job_events, step.maxlen, 'active', step.id, rec[3], attempt, '{}')
 return {'started', attempt, rec[3], rec[4], rec[5], csv, token}

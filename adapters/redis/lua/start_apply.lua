@@ -10,8 +10,9 @@
 -- token) to the apply. The events are the separate steps' own, in the same
 -- order: active, progress 'validated', progress 'committed', completed (or failed).
 --
--- KEYS: the job-step header (common.lua, 5 keys), start.lua's own KEYS[6..10],
--- apply.lua's own KEYS[6..] (as many as apply.lua declares), then the last
+-- KEYS: the job-step header (common.lua, 7 keys, the job's own event stream
+-- P:events:<jobId> among them), start.lua's own KEYS[8..12],
+-- apply.lua's own KEYS[8..] (as many as apply.lua declares), then the last
 -- three: dramatiq's acks set of this worker and queue, the queue's message
 -- hash, dramatiq's worker heartbeats (so that a key added to apply.lua needs
 -- no change here: RedisStore.start_and_apply passes apply's list as it is)
@@ -36,9 +37,9 @@ local function slice(list, from, to, into)
 end
 
 local acks_key, messages_key, heartbeats_key = KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS]
-local start_keys = slice(KEYS, 1, 10)
+local start_keys = slice(KEYS, 1, 12)  -- the job-step header (7) and start.lua's own (5)
 local start_argv = slice(ARGV, 1, 14)
-local apply_keys = slice(KEYS, 11, #KEYS - 3, slice(KEYS, 1, 5))
+local apply_keys = slice(KEYS, 13, #KEYS - 3, slice(KEYS, 1, 7))
 local apply_argv = slice(ARGV, 18, #ARGV, slice(ARGV, 1, 8))
 
 local function acknowledge()
