@@ -148,6 +148,7 @@ def _end_to_end(cluster: LocalCluster, system: System) -> None:
                               csv=SEED).kind == "created"
         time.sleep(0.3)
         assert unsent in [job_id for job_id, _, _ in upkeep.reconcile()]
+        upkeep.mark_sent(unsent)  # as a producer on RabbitMQ does once its publish is confirmed (mark_sent.lua)
         wait_for(lambda: upkeep.reconcile() is not None and upkeep.get_job(bad_job) is None, 15,
                  message="the failed record removed by retention")
         upkeep.client.close()
