@@ -226,19 +226,22 @@ class ImporterRedisBroker(RedisBroker):
             timeout = max(timeout, self.DELAY_QUEUE_IDLE_MS)
         return super().consume(queue_name, prefetch, timeout)
 
+    def dispatch_args(self, command: str, queue_name: str, *args: Any, maintenance: int | None = None) -> list[Any]:
+        """The ARGV of dramatiq's dispatch script for a call, as RedisBroker._dispatch builds it
+        (``maintenance`` None: dramatiq's dice for this call)."""
+        if maintenance is None:
+            maintenance = private.should_do_maintenance(self, command)
+        return [
+            command, current_millis(), queue_name, self.broker_id, self.heartbeat_timeout,
+            self.dead_message_ttl, maintenance, private.max_unpack_size(self), *args,
+        ]
+
     def _dispatch(self, command: str) -> Any:
         """dramatiq's dispatch call (RedisBroker._dispatch), with the namespace of the queue's location."""
         dispatch, queues = self.scripts["dispatch"], self.location_queues
 
         def do_dispatch(queue_name: str, *args: Any) -> Any:
-            return dispatch(
-                args=[
-                    command, current_millis(), queue_name, self.broker_id, self.heartbeat_timeout,
-                    self.dead_message_ttl, private.should_do_maintenance(self, command),
-                    private.max_unpack_size(self), *args,
-                ],
-                keys=queues.dispatch_keys(queue_name),
-            )
+            return dispatch(args=self.dispatch_args(command, queue_name, *args), keys=queues.dispatch_keys(queue_name))
 
         return do_dispatch
 
@@ -249,11 +252,10 @@ class ImporterRedisBroker(RedisBroker):
             return private.dispatch(self, "fetch")(queue_name, prefetch)  # type: ignore[no-any-return]
         messages, ids, uploads = self._fetch(
             keys=queues.dispatch_keys(queue_name),
-            args=[
-                "fetch", current_millis(), queue_name, self.broker_id, self.heartbeat_timeout,
-                self.dead_message_ttl, private.should_do_maintenance(self, "fetch"), private.max_unpack_size(self), prefetch,
+            args=self.dispatch_args(
+                "fetch", queue_name, prefetch,
                 queues.upload_prefix_of(queue_name), h.max_bytes, ACTOR_NAME, *(h.other_locations or ("", "")),
-            ],
+            ),
         )
         if ids:
             h.keep(queue_name, ids, uploads)

@@ -9,7 +9,6 @@ import threading
 import time
 from typing import Any
 
-from dramatiq.common import current_millis
 from dramatiq.middleware import Middleware
 
 from importer.adapters.dramatiq import private
@@ -191,8 +190,7 @@ class Reconciler(Middleware):
         with store_errors():
             for queue in self._queues():
                 broker.scripts["dispatch"](
-                    args=["qsize", current_millis(), queue, broker.broker_id, broker.heartbeat_timeout,
-                          broker.dead_message_ttl, 1, private.max_unpack_size(broker)],
+                    args=broker.dispatch_args("qsize", queue, maintenance=1),
                     keys=broker.location_queues.dispatch_keys(queue),
                 )
 
