@@ -141,6 +141,14 @@ class Settings:
     #: Seconds any single Redis call may wait (read and connect): bounds every
     #: HTTP request and worker step when Redis is stopped or paused.
     redis_socket_timeout_s: float = 10.0
+    #: Before a POST (or a retry) answers 202, this many replicas of its
+    #: partition's master (at most as many as are connected) must have its
+    #: record, so a failover cannot lose an accepted import (Redis replicates
+    #: asynchronously). A master with no replica online is not waited for.
+    #: 0 = answer as soon as the master has it.
+    redis_wait_replicas: int = 1
+    #: Milliseconds a POST waits for those replicas before answering 503 (a safe retry).
+    redis_wait_replicas_ms: int = 1000
     max_rows: int = DEFAULT_MAX_ROWS
     max_upload_bytes: int = 10 * 1024 * 1024
     #: Uploads up to this many bytes (about 1,000 rows) come to the worker with
@@ -216,6 +224,8 @@ class Settings:
             stall_margin_s=_float(env, "IMPORTER_STALL_MARGIN", cls.stall_margin_s),
             reconcile_interval_s=_float(env, "IMPORTER_RECONCILE_INTERVAL", cls.reconcile_interval_s),
             redis_socket_timeout_s=_float(env, "IMPORTER_REDIS_SOCKET_TIMEOUT", cls.redis_socket_timeout_s),
+            redis_wait_replicas=_int(env, "IMPORTER_REDIS_WAIT_REPLICAS", cls.redis_wait_replicas),
+            redis_wait_replicas_ms=_int(env, "IMPORTER_REDIS_WAIT_REPLICAS_MS", cls.redis_wait_replicas_ms, minimum=1),
             max_rows=_int(env, "IMPORTER_MAX_ROWS", cls.max_rows, minimum=1),
             max_upload_bytes=_int(env, "IMPORTER_MAX_UPLOAD_BYTES", cls.max_upload_bytes, minimum=1),
             one_step_max_bytes=_int(env, "IMPORTER_ONE_STEP_MAX_BYTES", cls.one_step_max_bytes),
@@ -265,6 +275,8 @@ class Settings:
             raise SettingsError("IMPORTER_EVENT_STREAM_HEARTBEAT and IMPORTER_EVENT_STREAM_MAX_DURATION must be > 0")
         if self.redis_socket_timeout_s <= 0 or self.reconcile_interval_s <= 0 or self.attempt_lease_s <= 0:
             raise SettingsError("IMPORTER_REDIS_SOCKET_TIMEOUT, IMPORTER_RECONCILE_INTERVAL and IMPORTER_ATTEMPT_LEASE must be > 0")
+        if self.redis_wait_replicas and self.redis_wait_replicas_ms >= self.redis_socket_timeout_s * 1000:
+            raise SettingsError("IMPORTER_REDIS_WAIT_REPLICAS_MS must be below IMPORTER_REDIS_SOCKET_TIMEOUT")
         if self.http_body_timeout_s <= 0:
             raise SettingsError("IMPORTER_HTTP_BODY_TIMEOUT must be > 0")
         if self.http_server not in ("granian", "gunicorn"):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -109,6 +110,8 @@ class ThreadConnections:
         self._own = threading.local()
         self._own_lock = threading.Lock()
         self._own_connections: list[Any] = []
+        #: node name -> (replicas online, monotonic time asked): wait_replicated's.
+        self._replica_counts: dict[str, tuple[int, float]] = {}
         _FORKED_CLIENTS.add(self)
 
     def _own_connection(self, name: str, pool: Any) -> Any:
@@ -122,6 +125,62 @@ class ThreadConnections:
             with self._own_lock:
                 self._own_connections.append(connection)
         return connection
+
+    def wait_replicated(self, key: str, replicas: int, timeout_ms: int) -> None:
+        """Returns once ``replicas`` replicas of the master of ``key``'s slot
+        (at most as many as it has online) hold every write that master made
+        before this call; raises NotReplicated (a ConnectionError: 503, a safe
+        retry) when they do not within ``timeout_ms``.
+
+        One round trip: a SET of ``key`` (a tiny expiring mark) moves this
+        connection's replication offset past every earlier write of the
+        master, whichever connection made it (a replayed POST's record, a
+        script that went redis-py's way), then WAIT. How many replicas a master
+        has online is asked (ROLE) at most once a second: a master with none
+        (a replica just promoted, a cluster without replicas) is not waited
+        for, as no failover can take its writes away."""
+        name, pool = self._master_of(key)
+        connection = self._own_connection(name, pool)
+        wanted = min(replicas, self._replicas_online(name, connection))
+        if wanted <= 0:
+            return
+        replies = self._exchange(connection, [("SET", key, "1", "PX", 60_000), ("WAIT", wanted, timeout_ms)])
+        error = next((r for r in replies if isinstance(r, Exception)), None)
+        if error is not None or int(replies[1]) < wanted:
+            self._replica_counts.pop(name, None)  # asked again on the next call
+            raise NotReplicated(f"{replies[1] if error is None else error!r}: {wanted} replica(s) wanted")
+
+    def _replicas_online(self, name: str, connection: Any) -> int:
+        known = self._replica_counts.get(name)
+        now = time.monotonic()
+        if known is not None and now - known[1] < 1.0:
+            return known[0]
+        (role,) = self._exchange(connection, [("ROLE",)])
+        if isinstance(role, Exception) or bytes(role[0]) != b"master":
+            raise NotReplicated(f"not a master: {role!r}")
+        count = len(role[2])
+        self._replica_counts[name] = (count, now)
+        return count
+
+    @staticmethod
+    def _exchange(connection: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """Commands pipelined on a connection; an error reply is returned in its place, read whole."""
+        replies: list[Any] = []
+        try:
+            connection.send_packed_command(connection.pack_commands(commands))
+            for _ in commands:
+                try:
+                    replies.append(connection.read_response())
+                except redis.ResponseError as exc:
+                    replies.append(exc)
+        except BaseException:
+            connection.disconnect()  # a reply may be unread: never read as the next call's
+            raise
+        return replies
+
+    def _master_of(self, key: str) -> tuple[str, Any]:
+        """The name of the node that holds ``key`` (one per node) and its connection pool."""
+        raise NotImplementedError
 
     def _close_own(self) -> None:
         """Closes every thread's own connection (after the threads stopped calling)."""
@@ -203,6 +262,9 @@ class ImporterRedis(ThreadConnections, redis.Redis):
     def _thread_connection(self) -> Any:
         return self._own_connection("", self.connection_pool)
 
+    def _master_of(self, key: str) -> tuple[str, Any]:
+        return "", self.connection_pool
+
     def close(self) -> None:
         """Also closes every thread's own connection (after the threads stopped calling)."""
         self._close_own()
@@ -243,15 +305,19 @@ class ImporterRedisCluster(ThreadConnections, redis.RedisCluster):
                 raise
             raise refused from exc
 
+    def _master_of(self, key: str) -> tuple[str, Any]:
+        tag = key[: key.find("}") + 1]
+        slot = self._slots.get(tag)
+        if slot is None:
+            slot = self._slots[tag] = self.keyslot(key)
+        node = self.nodes_manager.get_node_from_slot(slot)
+        return node.name, node.redis_connection.connection_pool
+
     def run_script(self, script: Any, keys: list[Any], args: list[Any]) -> Any:
         """EVALSHA on the master of the keys' slot (every key of a script is in one slot: one partition)."""
         first = keys[0] if isinstance(keys[0], str) else keys[0].decode()
-        tag = first[: first.find("}") + 1]
-        slot = self._slots.get(tag)
-        if slot is None:
-            slot = self._slots[tag] = self.keyslot(first)
-        node = self.nodes_manager.get_node_from_slot(slot)
-        connection = self._own_connection(node.name, node.redis_connection.connection_pool)
+        name, pool = self._master_of(first)
+        connection = self._own_connection(name, pool)
         try:
             connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
             return connection.read_response()
@@ -284,6 +350,10 @@ _NOT_RUN = (
     redis.exceptions.MovedError, redis.exceptions.AskError, redis.exceptions.TryAgainError,
     redis.exceptions.ClusterDownError, redis.exceptions.NoScriptError,
 )
+
+
+class NotReplicated(redis.ConnectionError):
+    """Fewer replicas than IMPORTER_REDIS_WAIT_REPLICAS acknowledged a write in time (or the node is no master now)."""
 
 
 class ClusterUnavailable(redis.ConnectionError):

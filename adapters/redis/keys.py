@@ -111,6 +111,9 @@ class Keys:
         self.dramatiq = f"{prefix}dramatiq"
         #: /health's write probe (a tiny expiring string).
         self.health = f"{prefix}health"
+        #: A tiny expiring string written just before WAIT (ThreadConnections.wait_replicated):
+        #: its write moves the partition's master's replication offset past every earlier write.
+        self.replicated = f"{prefix}replicated"
         #: Reconciler: P:jobs:deadline (jobId -> deadline ms of every sent, non-final job),
         #: P:fence (the attempts' fencing tokens), its lock.
         self.deadline = f"{prefix}jobs:deadline"

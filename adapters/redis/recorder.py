@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from importer.adapters.redis.base import RedisStoreBase
-from importer.adapters.redis.client import store_errors
+from importer.adapters.redis.client import ThreadConnections, store_errors
+from importer.adapters.redis.keys import Keys
 from importer.adapters.redis.records import bytes_of, parse_versions, text_of
 from importer.domain.jobs import JobState
 from importer.domain.ports import EnqueueOutcome, RetryOutcome
@@ -51,6 +52,8 @@ class JobRecorder(RedisStoreBase):
         with store_errors():
             reply = self._script("enqueue", keys=keys, args=args)
         kind = text_of(reply[0])
+        if kind in ("created", "exists"):
+            self._replicated(k)
         if kind == "created":
             return EnqueueOutcome("created", JobState.WAITING, sent=bool(int(reply[1])))
         if kind == "exists":
@@ -64,6 +67,13 @@ class JobRecorder(RedisStoreBase):
         if kind == "content_needed":
             return EnqueueOutcome("content_needed", stored_upload_id=text_of(reply[1]))
         return EnqueueOutcome("conflict")
+
+    def _replicated(self, k: Keys) -> None:
+        """Before a 202: the partition master's replicas have the record (IMPORTER_REDIS_WAIT_REPLICAS)."""
+        s = self.settings
+        if s.redis_wait_replicas > 0 and isinstance(self.client, ThreadConnections):
+            with store_errors():
+                self.client.wait_replicated(k.replicated, s.redis_wait_replicas, s.redis_wait_replicas_ms)
 
     def _admit(self, owner: str, location: str, rate_limit: int, window_ms: int, now: int) -> EnqueueOutcome | None:
         """admit.lua in the control partition: the owner's rate token, the door
@@ -128,6 +138,7 @@ class JobRecorder(RedisStoreBase):
         else:
             kind = "missing"  # the record kept changing under three reads: not a failed record to retry
         if kind == "retried":
+            self._replicated(k)
             return RetryOutcome("retried", batch_id=batch_id, sent=bool(int(reply[1])), retries=int(reply[2]))
         if kind == "no_worker":
             return RetryOutcome(

@@ -261,6 +261,60 @@ def test_a_master_sigkilled_mid_drain_fails_over_and_every_import_ends_once(fres
         system.stop_all()
 
 
+def test_an_import_is_accepted_only_once_a_replica_has_it(fresh_cluster: Any, tmp_path: Path) -> None:
+    """Redis replicates asynchronously: a record a master acknowledged can be
+    lost in a failover. So a POST answers 202 only once a replica of its
+    partition's master has the record (IMPORTER_REDIS_WAIT_REPLICAS, 1 by
+    default); while that replica is stopped (SIGSTOP) the POST answers 503,
+    a safe retry, within the bound, and the retry after it is back is accepted and imported once."""
+    cluster = fresh_cluster(masters=3, replicas_per_master=1)
+    system = cluster_system(cluster, tmp_path, IMPORTER_REDIS_WAIT_REPLICAS_MS="500")
+    try:
+        by_master = spread_locations(cluster, system.prefix, per_master=1)
+        port, (location,) = next((p, locs) for p, locs in by_master.items() if locs != [MAIN])
+        master = cluster.node_by_port(int(port))
+        assert master is not None
+        (replica,) = cluster.replicas_of(master)
+        system.start_worker(threads=2)
+        system.start_http()
+
+        def post(batch_id: str) -> tuple[int, Any]:
+            status, _, body = system.request(
+                "POST", f"/api/imports?batchId={batch_id}&location={location}", body=SEED, ctype="text/csv",
+            )
+            return status, json.loads(body)
+
+        on_replica = replica.raw_client()
+        on_replica.execute_command("READONLY")
+        job_key = Keys(system.prefix, location).job(job_id_for("replicated-1", location))
+        status, body = post("replicated-1")
+        assert status == 202, body
+        assert on_replica.hget(job_key, "batchId") == b"replicated-1", "the replica has the record when 202 is sent"
+
+        replica_pid = replica.pid
+        assert replica_pid is not None
+        os.kill(replica_pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            status, body = post("replicated-2")
+            took = time.monotonic() - started
+        finally:
+            os.kill(replica_pid, signal.SIGCONT)
+        assert status == 503, body
+        assert body["code"] == "service.unavailable", body
+        assert took < float(system.env.get("IMPORTER_REDIS_SOCKET_TIMEOUT", "10")) + 1, took
+
+        status, body = post("replicated-2")  # the client's retry, the replica back
+        assert status == 202, body
+        for batch_id in ("replicated-1", "replicated-2"):
+            assert system.wait_state(job_id_for(batch_id, location))["state"] == "completed"
+        stock = cluster.client().hgetall(Keys(system.prefix, location).stock)
+        assert {k.decode(): int(v) for k, v in stock.items()} == {sku: 2 * n for sku, n in SEED_SKUS.items()}
+        on_replica.close()
+    finally:
+        system.stop_all()
+
+
 class Drivers:
     """Several drivers' POSTs seen as one, for the checker."""
 
