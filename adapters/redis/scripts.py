@@ -36,8 +36,9 @@ def _read(name: str) -> str:
 
 
 def _as_function(name: str, body: str) -> str:
-    # Function parameters named KEYS and ARGV shadow the globals in the body.
-    return f"local function {name}(KEYS, ARGV)\n{body}\nend\n"
+    # Function parameters named KEYS and ARGV shadow the globals in the body;
+    # COMBINED, common.lua's nil, what an earlier step hands over (start_apply.lua).
+    return f"local function {name}(KEYS, ARGV, COMBINED)\n{body}\nend\n"
 
 
 @cache

@@ -45,8 +45,10 @@ def test_start_apply_runs_start_and_apply_unchanged_as_steps() -> None:
     source = lua_source("start_apply")
     for step in ("start", "apply"):
         body = (LUA / f"{step}.lua").read_text(encoding="utf-8")
-        assert f"local function {step}_step(KEYS, ARGV)\n{body}\nend\n" in source
-        assert "local step = job_step(KEYS, ARGV)" in body  # the step's own KEYS and ARGV, not the globals
+        assert f"local function {step}_step(KEYS, ARGV, COMBINED)\n{body}\nend\n" in source
+        assert "local step = job_step(KEYS, ARGV" in body  # the step's own KEYS and ARGV, not the globals
+    # Run on its own, a step's COMBINED is common.lua's nil.
+    assert "\nlocal COMBINED = nil\n" in (LUA / "common.lua").read_text(encoding="utf-8")
 
 
 def test_the_scripts_write_exactly_the_job_states() -> None:

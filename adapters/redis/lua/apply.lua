@@ -35,7 +35,11 @@
 --       | {'stale', state}: a newer attempt holds the job (or the reconciler
 --         took it back); nothing changed
 
-local step = job_step(KEYS, ARGV)
+-- started: given by start_apply.lua, the record as its start step just wrote
+-- it ({now, token}): the clock and the fencing check need no second read, and
+-- the job was never put in P:jobs:active (start.lua), so it is not taken out.
+local started = COMBINED
+local step = job_step(KEYS, ARGV, started and started.now)
 local job_key, job_id, now = step.key, step.id, step.now
 local batch_id, sha, owner, attempt = ARGV[9], ARGV[10], ARGV[11], ARGV[12]
 local max_stock = tonumber(ARGV[13])
@@ -43,7 +47,12 @@ local first_pair = 21
 local validated = ARGV[20]
 local rows = (#ARGV - first_pair + 1) / 2
 
-local state, token, attempt_started = unpack(redis.call('HMGET', job_key, 'state', 'token', 'attemptStartedAt'))
+local state, token, attempt_started
+if started then
+  state, token, attempt_started = 'active', started.token, started.now
+else
+  state, token, attempt_started = unpack(redis.call('HMGET', job_key, 'state', 'token', 'attemptStartedAt'))
+end
 step.attempt_started = attempt_started
 if not state then return {'missing'} end
 if is_finished(state) then return {'finished', state} end
@@ -62,7 +71,7 @@ local function complete(result_json)
   redis.call('HSET', job_key, 'state', 'completed', 'progress', progress, 'result', result_json,
     'error', '', 'finishedAt', now, 'updatedAt', now, 'contentSha256', sha)
   redis.call('DEL', KEYS[13])
-  redis.call('ZREM', step.active, job_id)
+  if not started then redis.call('ZREM', step.active, job_id) end
   index_finished(step, KEYS[12])
   emit(step.events, step.job_events, step.maxlen, 'progress', job_id, batch_id, attempt, progress)
   emit(step.events, step.job_events, step.maxlen, 'completed', job_id, batch_id, attempt, result_json)

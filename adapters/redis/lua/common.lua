@@ -63,6 +63,11 @@
 -- puts it in its owner's retention index and removes old records, each call
 -- with every key it touches declared.
 
+-- nil in a script run on its own; in a step that a combined script runs
+-- (start_apply.lua), what that script hands it: the start learns that the
+-- apply follows in the same call, the apply gets the start's clock and token.
+local COMBINED = nil
+
 -- Milliseconds from the server's clock (TIME is allowed in scripts since
 -- Redis 5, which replicates effects rather than scripts).
 local function server_ms()
@@ -71,13 +76,13 @@ local function server_ms()
 end
 
 -- keys, argv: the script's KEYS and ARGV (the default), or those a combined
--- script hands to a step it runs (start_apply.lua).
-local function job_step(keys, argv)
+-- script hands to a step it runs (start_apply.lua), with the time it read (now).
+local function job_step(keys, argv, now)
   keys, argv = keys or KEYS, argv or ARGV
   return {
     key = keys[1], events = keys[2], active = keys[3], failed = keys[4], stats = keys[5],
     job_events = keys[6], finished_new = keys[7], id = argv[1], maxlen = argv[2],
-    now = server_ms(),
+    now = now or server_ms(),
   }
 end
 

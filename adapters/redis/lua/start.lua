@@ -18,13 +18,14 @@
 -- (the reconciler takes that job back first): it returns {'busy', attempt}
 -- and is dropped.
 --
--- Returns {'started', attempt, batchId, owner, contentSha256, csv, token}
+-- Returns {'started', attempt, batchId, owner, contentSha256, csv, token, now}
 --       | {'missing'} | {'stale'} | {'finished', state} | {'exhausted', attempt}
 --       | {'upload_missing', attempt} (recorded failed here) | {'busy', attempt}
 
 local step = job_step(KEYS, ARGV)
 local upload_id, max_attempts = ARGV[9], tonumber(ARGV[10])
-local rec = redis.call('HMGET', step.key, 'state', 'uploadId', 'batchId', 'owner', 'contentSha256', 'startedAt')
+local rec = redis.call('HMGET', step.key, 'state', 'uploadId', 'batchId', 'owner', 'contentSha256', 'startedAt',
+  'outages', 'stalls', 'attempt')
 local state = rec[1]
 if not state then return {'missing'} end
 if rec[2] ~= upload_id then return {'stale'} end
@@ -37,13 +38,13 @@ if state == 'active' then
   return {'busy', redis.call('HGET', step.key, 'attempt')}
 end
 
-local attempt = redis.call('HINCRBY', step.key, 'attempt', 1)
+local attempt = tonumber(rec[9] or '0') + 1  -- written with the state below (or with the failure)
 redis.call('ZREM', KEYS[9], step.id)
 redis.call('ZREM', KEYS[10], step.id)
-local uncounted = redis.call('HMGET', step.key, 'outages', 'stalls')
-local counted = attempt - tonumber(uncounted[1] or '0') - tonumber(uncounted[2] or '0')
+local counted = attempt - tonumber(rec[7] or '0') - tonumber(rec[8] or '0')
 
 if counted > max_attempts then
+  redis.call('HSET', step.key, 'attempt', attempt)
   mark_failed(step, rec[3], attempt, ARGV[11],
     'attempt ' .. attempt .. ' (' .. counted .. ' counted) exceeds max attempts ' .. ARGV[10])
   redis.call('ZREM', KEYS[11], step.id)
@@ -52,6 +53,7 @@ end
 
 local csv = redis.call('GET', KEYS[8])
 if not csv then
+  redis.call('HSET', step.key, 'attempt', attempt)
   mark_failed(step, rec[3], attempt, ARGV[14], 'upload key missing')
   redis.call('ZREM', KEYS[11], step.id)
   return {'upload_missing', attempt}
@@ -60,14 +62,20 @@ end
 local now = step.now
 local token = tostring(redis.call('INCR', KEYS[12]))
 local cap = now + tonumber(ARGV[13])
-local fields = {'state', 'active', 'updatedAt', now, 'progress', '', 'attemptStartedAt', now,
+local fields = {'state', 'active', 'attempt', attempt, 'updatedAt', now, 'progress', '', 'attemptStartedAt', now,
   'token', token, 'leaseCap', cap}
 if not rec[6] then
   fields[#fields + 1] = 'startedAt'
   fields[#fields + 1] = now
 end
 redis.call('HSET', step.key, unpack(fields))
-redis.call('ZADD', step.active, now, step.id)
-redis.call('ZADD', KEYS[11], math.min(now + tonumber(ARGV[12]), cap), step.id)
+if COMBINED then
+  -- start_apply.lua: the apply follows in this very call and ends the attempt,
+  -- so no other client could ever see the job in P:jobs:active or its lease in
+  -- P:jobs:deadline (the apply removes the deadline the job had while waiting).
+else
+  redis.call('ZADD', step.active, now, step.id)
+  redis.call('ZADD', KEYS[11], math.min(now + tonumber(ARGV[12]), cap), step.id)
+end
 emit(step.events, step.job_events, step.maxlen, 'active', step.id, rec[3], attempt, '{}')
-return {'started', attempt, rec[3], rec[4], rec[5], csv, token}
+return {'started', attempt, rec[3], rec[4], rec[5], csv, token, now}

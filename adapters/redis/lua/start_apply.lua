@@ -51,18 +51,19 @@ local function acknowledge()
   return 1
 end
 
-local started = start_step(start_keys, start_argv)
+local started = start_step(start_keys, start_argv, {})
 if started[1] ~= 'started' then
   local acked = 0
   if started[1] ~= 'upload_missing' then acked = acknowledge() end
   return {started, {}, acked}
 end
--- {'started', attempt, batchId, owner, contentSha256, csv, token}
+-- {'started', attempt, batchId, owner, contentSha256, csv, token, now}
 started[6] = ''
 apply_argv[11] = started[4] or ''
 apply_argv[12] = started[2]
 apply_argv[19] = started[7]
-local applied = apply_step(apply_keys, apply_argv)
+-- The apply reads neither the clock nor the record again: the start just wrote them.
+local applied = apply_step(apply_keys, apply_argv, {now = started[8], token = started[7]})
 local acked = 0
 if applied[1] ~= 'conflict' and applied[1] ~= 'overflow' then acked = acknowledge() end
 return {started, applied, acked}
