@@ -111,7 +111,8 @@ def test_the_job_step_header_is_as_long_in_lua_and_in_python() -> None:
 
     match = re.search(r"KEYS\[(\d+)\] P:jobs:finished:new\n--   ARGV\[1\] jobId", (LUA / "common.lua").read_text(encoding="utf-8"))
     assert match is not None and int(match.group(1)) == JOB_STEP_KEYS
-    assert f"slice(KEYS, 1, {JOB_STEP_KEYS})" in code_of("start_apply")
+    header = ", ".join(f"KEYS[{i}]" for i in range(1, JOB_STEP_KEYS + 1))
+    assert f"local apply_keys = {{{header}, unpack(KEYS, 13," in code_of("start_apply")
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -35,9 +35,11 @@
 --       | {'stale', state}: a newer attempt holds the job (or the reconciler
 --         took it back); nothing changed
 
--- started: given by start_apply.lua, the record as its start step just wrote
--- it ({now, token}): the clock and the fencing check need no second read, and
--- the job was never put in P:jobs:active (start.lua), so it is not taken out.
+-- started: given by start_apply.lua, the attempt its start step just began
+-- ({now, token, record}): the clock and the fencing check need no second read,
+-- the job was never put in P:jobs:active (start.lua), so it is not taken out,
+-- and the start's fields of the record (record: attempt, token...) are written
+-- here, in the one HSET that ends the attempt (completed or failed).
 local started = COMBINED
 local step = job_step(KEYS, ARGV, started and started.now)
 local job_key, job_id, now = step.key, step.id, step.now
@@ -60,8 +62,9 @@ if state ~= 'active' or (token or '') ~= ARGV[19] then return {'stale', state} e
 redis.call('ZREM', KEYS[14], job_id)
 emit(step.events, step.job_events, step.maxlen, 'progress', job_id, batch_id, attempt, validated)
 
+local start_fields = (started and started.record) or {}
 local function fail(error_json, diagnostic)
-  redis.call('HSET', job_key, 'progress', validated)
+  redis.call('HSET', job_key, 'progress', validated, unpack(start_fields))
   mark_failed(step, batch_id, attempt, error_json, diagnostic)
 end
 
@@ -69,7 +72,7 @@ local function complete(result_json)
   local progress = '{"phase":"committed","rows":' .. rows .. '}'
   -- The content key stays with the record its upload leaves (enqueue.lua compares a re-POST with it).
   redis.call('HSET', job_key, 'state', 'completed', 'progress', progress, 'result', result_json,
-    'error', '', 'finishedAt', now, 'updatedAt', now, 'contentSha256', sha)
+    'error', '', 'finishedAt', now, 'updatedAt', now, 'contentSha256', sha, unpack(start_fields))
   redis.call('DEL', KEYS[13])
   if not started then redis.call('ZREM', step.active, job_id) end
   index_finished(step, KEYS[12])

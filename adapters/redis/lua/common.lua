@@ -173,7 +173,7 @@ local function observe_duration(step)
     if ms <= le then bucket = tostring(le) break end
   end
   redis.call('HINCRBY', step.stats, 'duration_le:' .. bucket, 1)
-  redis.call('HINCRBY', step.stats, 'duration_sum_ms', ms)
+  if ms ~= 0 then redis.call('HINCRBY', step.stats, 'duration_sum_ms', ms) end
 end
 
 -- The job ends failed: record, indexes, event, counters. The one way start,

@@ -62,18 +62,23 @@ end
 local now = step.now
 local token = tostring(redis.call('INCR', KEYS[12]))
 local cap = now + tonumber(ARGV[13])
-local fields = {'state', 'active', 'attempt', attempt, 'updatedAt', now, 'progress', '', 'attemptStartedAt', now,
-  'token', token, 'leaseCap', cap}
+local fields = {'attempt', attempt, 'attemptStartedAt', now, 'token', token, 'leaseCap', cap}
 if not rec[6] then
   fields[#fields + 1] = 'startedAt'
   fields[#fields + 1] = now
 end
-redis.call('HSET', step.key, unpack(fields))
 if COMBINED then
   -- start_apply.lua: the apply follows in this very call and ends the attempt,
-  -- so no other client could ever see the job in P:jobs:active or its lease in
-  -- P:jobs:deadline (the apply removes the deadline the job had while waiting).
+  -- so no other client could ever see the job active: the apply writes these
+  -- fields with the record's final state (COMBINED.record), the job never
+  -- enters P:jobs:active, nor its lease P:jobs:deadline (the apply removes
+  -- the deadline the job had while waiting).
+  COMBINED.record = fields
 else
+  fields[#fields + 1], fields[#fields + 2] = 'state', 'active'
+  fields[#fields + 1], fields[#fields + 2] = 'updatedAt', now
+  fields[#fields + 1], fields[#fields + 2] = 'progress', ''
+  redis.call('HSET', step.key, unpack(fields))
   redis.call('ZADD', step.active, now, step.id)
   redis.call('ZADD', KEYS[11], math.min(now + tonumber(ARGV[12]), cap), step.id)
 end

@@ -30,6 +30,9 @@
 --
 -- Returns {start reply (its csv replaced by ''), apply reply or {}, 1 if acknowledged else 0}
 
+-- Each step's KEYS and ARGV. unpack() runs in C (a loop in Lua here cost a
+-- tenth of the whole call) but has a stack limit of a few thousand values:
+-- the rows of a large upload (IMPORTER_ONE_STEP_MAX_BYTES raised) take the loop.
 local function slice(list, from, to, into)
   local out = into or {}
   for i = from, to do out[#out + 1] = list[i] end
@@ -37,10 +40,15 @@ local function slice(list, from, to, into)
 end
 
 local acks_key, messages_key, heartbeats_key = KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS]
-local start_keys = slice(KEYS, 1, 12)  -- the job-step header (7) and start.lua's own (5)
-local start_argv = slice(ARGV, 1, 14)
-local apply_keys = slice(KEYS, 13, #KEYS - 3, slice(KEYS, 1, 7))
-local apply_argv = slice(ARGV, 18, #ARGV, slice(ARGV, 1, 8))
+local start_keys = {unpack(KEYS, 1, 12)}  -- the job-step header (7) and start.lua's own (5)
+local start_argv = {unpack(ARGV, 1, 14)}
+local apply_keys = {KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], unpack(KEYS, 13, #KEYS - 3)}
+local apply_argv
+if #ARGV < 4000 then
+  apply_argv = {ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], unpack(ARGV, 18)}
+else
+  apply_argv = slice(ARGV, 18, #ARGV, {unpack(ARGV, 1, 8)})
+end
 
 local function acknowledge()
   if ARGV[15] == '' then return 0 end
@@ -51,7 +59,8 @@ local function acknowledge()
   return 1
 end
 
-local started = start_step(start_keys, start_argv, {})
+local combined = {}  -- what the start hands the apply (start.lua: the record's fields of the attempt)
+local started = start_step(start_keys, start_argv, combined)
 if started[1] ~= 'started' then
   local acked = 0
   if started[1] ~= 'upload_missing' then acked = acknowledge() end
@@ -62,8 +71,9 @@ started[6] = ''
 apply_argv[11] = started[4] or ''
 apply_argv[12] = started[2]
 apply_argv[19] = started[7]
--- The apply reads neither the clock nor the record again: the start just wrote them.
-local applied = apply_step(apply_keys, apply_argv, {now = started[8], token = started[7]})
+-- The apply reads neither the clock nor the record again (the start just made
+-- them) and writes the start's fields of the record with its own.
+local applied = apply_step(apply_keys, apply_argv, {now = started[8], token = started[7], record = combined.record})
 local acked = 0
 if applied[1] ~= 'conflict' and applied[1] ~= 'overflow' then acked = acknowledge() end
 return {started, applied, acked}
