@@ -1,0 +1,239 @@
+"""What one small import's script call (start_apply.lua) costs the server, and
+where inside the script that time goes.
+
+    .venv/bin/python -m bench.studies.script_cost [--n 1500] [--repeat 5] [--against REV] [--segments]
+
+On the bench's own valkey (never a shared Redis). Each round records N 3-row
+imports through Importer's producer path (no worker), then runs one
+start_apply per import through ``RedisStore.start_and_apply`` in this thread
+(no queue message, so no acknowledgement). Per import, medians of the rounds:
+
+* the EVALSHA's server time (INFO commandstats: execution only, no I/O);
+* the commands run inside it, and their own server time; the rest of the
+  call's time is Lua and the cost of each ``redis.call`` (arguments in,
+  reply out);
+* the server process's CPU (/proc: I/O, the AOF and the event loop included);
+* the AOF bytes it appends (what a replica and the disk receive).
+
+``--against REV`` runs the same rounds, alternating, on the Lua scripts (and
+adapters/redis/scripts.py, which assembles them) of git revision REV, so a
+script change is measured before/after in one run. REV's start_apply.lua must
+take the KEYS and ARGV this tree's RedisStore passes.
+
+``--segments`` then runs this tree's script once more with a checkpoint
+(``os.clock()``, the server's CPU clock) after each top-level statement of
+start.lua, apply.lua and start_apply.lua, and prints the time of each
+statement per import, less the cost of a checkpoint (measured by two in a
+row). Checkpoints inside functions or blocks are not made: a block is timed
+as one statement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.suite.common import cpu_seconds, csv_3rows, new_prefix  # noqa: E402
+from bench.suite.producer import ImporterProducer  # noqa: E402
+from bench.suite.servers import Bench, Config  # noqa: E402
+from importer.adapters.redis import scripts as this_tree  # noqa: E402
+from importer.domain.shipment import job_id_for, parse_shipment  # noqa: E402
+
+PROFILED = ("start", "apply", "start_apply")
+NOT_COUNTED = {"cmdstat_evalsha", "cmdstat_config|resetstat", "cmdstat_info", "cmdstat_script|load"}
+
+
+def scripts_at(rev: str) -> types.ModuleType:
+    """adapters/redis/scripts.py of git revision ``rev``, reading that revision's Lua."""
+    def show(path: str) -> str:
+        return subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+
+    module = types.ModuleType(f"scripts_at_{rev}")
+    exec(compile(show("adapters/redis/scripts.py"), f"{rev}:adapters/redis/scripts.py", "exec"), module.__dict__)
+    module._read = lambda name: show(f"adapters/redis/lua/{name}.lua")  # type: ignore[attr-defined]
+    module.lua_source.cache_clear()  # type: ignore[attr-defined]
+    return module
+
+
+_OPENS = re.compile(r"\b(function|then|do)\b")
+_CLOSES = re.compile(r"\b(end|elseif)\b")
+_CONTINUES = re.compile(r"(\.\.|,|=|\(|\{|\band|\bor|\+|-|\*|/)\s*$")
+
+
+def _code(line: str) -> str:
+    """A line without its comment and string literals (enough for these scripts)."""
+    line = re.sub(r"'(\\.|[^'\\])*'|\"(\\.|[^\"\\])*\"", "''", line)
+    return line.split("--", 1)[0].rstrip()
+
+
+def with_checkpoints(name: str, source: str) -> str:
+    """``source`` with ``CHECKPOINT('<name>:<line> <statement>')`` after each top-level statement."""
+    out: list[str] = []
+    blocks = parens = 0
+    lines = source.split("\n")
+    for number, line in enumerate(lines, 1):
+        out.append(line)
+        code = _code(line)
+        if not code:
+            continue
+        blocks += len(_OPENS.findall(code)) - len(_CLOSES.findall(code))
+        parens += code.count("(") + code.count("{") - code.count(")") - code.count("}")
+        if blocks or parens or _CONTINUES.search(code) or code.lstrip().startswith("return"):
+            continue
+        statement = line.strip() if not line[:1].isspace() else f"... {line.strip()}"
+        label = f"{name}:{number} {statement[:56]}".replace("'", "").replace("\\", "")
+        out.append(f"CHECKPOINT('{label}')")
+    return "\n".join(out)
+
+
+CHECKPOINTS = """
+local checkpoint_at, checkpoint_times = os.clock(), {}
+local function CHECKPOINT(label)
+  local t = os.clock()
+  checkpoint_times[#checkpoint_times + 1] = label
+  checkpoint_times[#checkpoint_times + 1] = t - checkpoint_at
+  checkpoint_at = os.clock()
+end
+CHECKPOINT('(one checkpoint)')
+CHECKPOINT('(one checkpoint)')
+"""
+
+
+def segmented_source(prof_key: str) -> str:
+    """This tree's start_apply.lua with checkpoints, writing their times to ``prof_key`` at its end."""
+    write = (  # each label under its place in the run ("7 apply:61 ..."): the hash keeps no order
+        "for i = 1, #checkpoint_times, 2 do "
+        f"redis.call('HINCRBYFLOAT', '{prof_key}', ((i + 1) / 2) .. ' ' .. checkpoint_times[i], checkpoint_times[i + 1]) end\n"
+    )
+    read = this_tree._read
+
+    def with_them(name: str) -> str:
+        if name == "common":
+            return read(name) + CHECKPOINTS
+        if name == "start_apply":
+            # Its body as a function, so that the times are written whatever it returns.
+            body = with_checkpoints(name, read(name))
+            return f"local function checkpointed()\n{body}\nend\nlocal reply = checkpointed()\n{write}return reply\n"
+        return with_checkpoints(name, read(name)) if name in PROFILED else read(name)
+
+    module = types.ModuleType("scripts_with_checkpoints")
+    exec(compile(Path(this_tree.__file__).read_text(), this_tree.__file__, "exec"), module.__dict__)
+    module._read = with_them  # type: ignore[attr-defined]
+    return str(module.lua_source("start_apply"))  # type: ignore[attr-defined]
+
+
+def one_round(bench: Bench, source: str, n: int, tag: str) -> dict[str, float]:
+    producer = ImporterProducer(bench.url, bench.importer_env(new_prefix("sc")))
+    try:
+        store = producer.side.api.store
+        jobs = []
+        for i in range(n):
+            batch_id, csv = f"{tag}-{i}", csv_3rows(i)
+            jobs.append((job_id_for(batch_id), producer.submit(batch_id, csv), batch_id, parse_shipment(csv)))
+        script = store.client.register_script(source)
+        store.client.script_load(source)
+        store._scripts["start_apply"] = script
+        r = bench.client
+        r.config_resetstat()
+        aof0 = r.info("persistence").get("aof_current_size", 0)
+        cpu0 = cpu_seconds(bench.server_pid)
+        for job_id, upload_id, batch_id, shipment in jobs:
+            started, applied = store.start_and_apply(job_id=job_id, upload_id=upload_id, batch_id=batch_id, shipment=shipment)
+            if started.kind != "started" or applied is None or applied.kind != "applied":
+                raise SystemExit(f"start_apply answered {started}, {applied}")
+        cpu = cpu_seconds(bench.server_pid) - cpu0
+        aof = r.info("persistence").get("aof_current_size", 0) - aof0
+        stats = r.info("commandstats")
+        inside = {k: v for k, v in stats.items() if k not in NOT_COUNTED}
+        return {
+            "evalsha_us": stats["cmdstat_evalsha"]["usec"] / n,
+            "commands": sum(v["calls"] for v in inside.values()) / n,
+            "commands_us": sum(v["usec"] for v in inside.values()) / n,
+            "server_cpu_us": cpu * 1e6 / n,
+            "aof_bytes": aof / n,
+        }
+    finally:
+        producer.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=1500)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--against", metavar="REV", help="also measure the scripts of this git revision, alternating")
+    ap.add_argument("--segments", action="store_true", help="then time each top-level statement of the script")
+    a = ap.parse_args()
+
+    cfg = Config(repeat=1, quick=True, drain_ns=[a.n], processes=1, threads=1, prefetch=64,
+                 http_workers=2, http_threads=4, duration=3, rows=3, accounting_n=0, only=set())
+    bench = Bench(cfg, Path(tempfile.mkdtemp(prefix="script-cost-")))
+    bench.start_server()
+    try:
+        sources = {"this tree": this_tree.lua_source("start_apply")}
+        if a.against:
+            sources[a.against] = scripts_at(a.against).lua_source("start_apply")
+        rounds: dict[str, list[dict[str, float]]] = {name: [] for name in sources}
+        for rep in range(a.repeat):
+            for name, source in (sources.items() if rep % 2 == 0 else reversed(sources.items())):
+                rounds[name].append(one_round(bench, source, a.n, f"r{rep}-{uuid.uuid4().hex[:6]}"))
+        print(f"\nstart_apply.lua, one 3-row import per call, N={a.n:,} per round, medians of {a.repeat} rounds "
+              f"(valkey {bench.valkey_version}, {bench.server_config})\n")
+        columns = [
+            ("EVALSHA server time, µs", "evalsha_us", "{:.1f}"),
+            ("commands inside", "commands", "{:.2f}"),
+            ("their own time, µs", "commands_us", "{:.1f}"),
+            ("Lua and per-call cost, µs", None, "{:.1f}"),
+            ("server CPU, µs", "server_cpu_us", "{:.0f}"),
+            ("AOF bytes", "aof_bytes", "{:,.0f}"),
+        ]
+        print("| scripts | " + " | ".join(c[0] + " per import" for c in columns) + " |")
+        print("| --- " * (len(columns) + 1) + "|")
+        medians: dict[str, dict[str, float]] = {}
+        for name, rs in rounds.items():
+            m = {key: statistics.median(r[key] for r in rs) for key in rs[0]}
+            m["lua_us"] = m["evalsha_us"] - m["commands_us"]
+            medians[name] = m
+            cells = [fmt.format(m[key or "lua_us"]) for _, key, fmt in columns]
+            print(f"| {name} | " + " | ".join(cells) + " |")
+        if a.against:
+            now, then = medians["this tree"], medians[a.against]
+            cells = [f"{now[key or 'lua_us'] / then[key or 'lua_us']:.2f}×" if then[key or "lua_us"] else "—"
+                     for _, key, _ in columns]
+            print(f"| this tree ÷ {a.against} | " + " | ".join(cells) + " |")
+        for name, rs in rounds.items():
+            print(f"{name}: EVALSHA µs per round: " + ", ".join(f"{r['evalsha_us']:.0f}" for r in rs))
+
+        if a.segments:
+            prof_key = "script-cost:segments"
+            bench.client.delete(prof_key)
+            one_round(bench, segmented_source(prof_key), a.n, f"seg-{uuid.uuid4().hex[:6]}")
+            raw = {k.decode(): float(v) for k, v in bench.client.hgetall(prof_key).items()}
+            overhead = (raw.pop("1 (one checkpoint)") + raw.pop("2 (one checkpoint)")) / (2 * a.n)
+            print(f"\nTime per statement per import (os.clock, less {overhead * 1e6:.2f} µs per checkpoint; "
+                  "the checkpoints slow the script down, read the shares, not the sum):\n")
+            rows = sorted(raw.items(), key=lambda kv: int(kv[0].split(" ", 1)[0]))
+            total = sum(max(0.0, v / a.n - overhead) for _, v in rows)
+            for label, seconds in rows:
+                us = max(0.0, seconds / a.n - overhead) * 1e6
+                print(f"{us:8.2f} µs {100 * us / (total * 1e6):5.1f} %  {label.split(' ', 1)[1]}")
+    finally:
+        bench.stop_server()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
