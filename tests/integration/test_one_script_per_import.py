@@ -20,6 +20,7 @@ from dramatiq.brokers.redis import _scripts as dramatiq_scripts
 from importer.adapters.dramatiq import private
 from importer.adapters.redis.scripts import fetch_source, lua_source
 from importer.domain.shipment import job_id_for
+from importer.domain.stock import MAX_STOCK
 from tests.integration.support import FIXTURES, System, stored_messages, wait_for
 
 pytestmark = pytest.mark.integration
@@ -154,3 +155,34 @@ def test_an_invalid_small_upload_fails_with_its_issues_and_its_message_is_reject
     assert calls["dramatiq nack"] == 1, calls
     assert _events(system, "shipment-one-bad") == ["waiting", "active", "failed"]
     assert system.store().generation() == 0
+
+
+def test_a_record_finished_in_one_step_has_the_fields_of_one_finished_in_separate_steps(make_system: Any) -> None:
+    """start_apply.lua writes the start's fields of the record (attempt, token,
+    lease cap, start times) in the apply's one HSET that ends the attempt: a
+    record completed in one step has the fields of one completed in separate
+    steps, and so has one that failed in one step (a stock overflow)."""
+    system: System = make_system(IMPORTER_ONE_STEP_MAX_BYTES=str(len(SEED)))
+    store = system.store()
+    large = SEED + b"".join(b"FILLER-%04d,1\n" % i for i in range(40))  # over the bound: separate steps
+    store.client.hset(store.partition_of(job_id_for("x")).stock, "NEARLY-FULL-01", MAX_STOCK - 1)
+    system.start_http()
+    system.start_worker(threads=1)
+    batches = {"rec-one": SEED, "rec-separate": large, "rec-overflow": b"sku,quantity\nNEARLY-FULL-01,5\n"}
+    for batch_id, body in batches.items():
+        assert system.post_csv(batch_id, body)[0] == 202
+    final = {batch_id: system.wait_state(job_id_for(batch_id)) for batch_id in batches}
+    assert [final[b]["state"] for b in batches] == ["completed", "completed", "failed"]
+    assert final["rec-overflow"]["error"]["code"] == "stock.overflow"
+
+    def fields(batch_id: str) -> dict[str, str]:
+        job_id = job_id_for(batch_id)
+        raw = store.client.hgetall(store.partition_of(job_id).job(job_id))
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    one, separate, overflow = (fields(b) for b in batches)
+    assert set(one) == set(separate)
+    for record in (one, separate, overflow):
+        assert record["attempt"] == "1" and record["token"] and int(record["leaseCap"]) > int(record["startedAt"])
+        assert int(record["attemptStartedAt"]) == int(record["startedAt"]) <= int(record["finishedAt"])
+    assert store.stock_of(["NEARLY-FULL-01"]) == {"NEARLY-FULL-01": MAX_STOCK - 1}
