@@ -182,6 +182,24 @@ def test_client_pause_during_posts(make_redis: Any, make_faulty: Any) -> None:
     assert retried, "no POST was retried after a 503"
 
 
+
+def test_http_sigkill_during_posts(make_redis: Any, make_faulty: Any) -> None:
+    """`importer serve` SIGKILLed while POSTs are in flight (8 driver threads
+    post back to back, so the kill lands before, inside and after enqueue.lua's
+    one atomic call: a record with its message, or nothing), then started
+    again. A POST the kill cut off is retried by its client with the same
+    batchId: every import is applied once, every 202 is final."""
+    server, system = _start(make_redis, make_faulty)
+    driver = Driver(system, 300, threads=8, seed=7).start()
+    driver.posted.wait(60)
+    http = next(p for p in system.procs if p.name == "http")
+    http.kill()
+    system.start_http(workers=2)
+    fault_over = time.monotonic()
+    driver.join()
+    report = check_invariants(system, server.url, driver, fault_over=fault_over, bound=BOUND)
+    assert 0 in report.statuses, "no POST met the killed HTTP process: the scenario tested nothing"
+
 # -- fencing: a stale attempt wakes up --------------------------------------
 
 
