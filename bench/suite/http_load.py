@@ -38,11 +38,11 @@ def find_wrk(b: Bench) -> str | None:
     return found
 
 
-def run_wrk(b: Bench, port: int, seconds: int, run_id: str) -> dict[str, float]:
+def run_wrk(b: Bench, port: int, seconds: int, run_id: str, *, threads: int = 2, connections: int = 32) -> dict[str, float]:
     assert b.wrk is not None
     env = dict(b.base_env, BENCH_RUN_ID=run_id, BENCH_API_KEY=b.api_key)
     argv = [
-        b.wrk, "-t2", "-c32", f"-d{seconds}s", "--latency", "-s", str(ROOT / "bench" / "suite" / "wrk_post.lua"),
+        b.wrk, f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(ROOT / "bench" / "suite" / "wrk_post.lua"),
         f"http://127.0.0.1:{port}/api/imports",
     ]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=seconds + 60)

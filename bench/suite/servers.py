@@ -194,15 +194,18 @@ class Bench:
     def start_floor(self, model: str = "wsgi") -> tuple[Proc, int]:
         """bench/suite/model_apps.py under granian with ``importer serve``'s processes: the same minimal
         POST (read the body, one EVALSHA shaped like enqueue.lua's writes, 202) and no Importer code.
-        ``wsgi``: blocking threads, as ``importer serve``; ``rsgi``: one asyncio loop per process."""
+        ``wsgi``: blocking threads, as ``importer serve``; ``wsgi-grouped``: the same with group
+        commit of the threads' calls (model_apps.GroupCommit); ``rsgi``: one asyncio loop per process."""
         port = free_port()
         c = self.cfg
         argv = [
             str(BIN / "granian"), "--interface", model, "--host", "127.0.0.1", "--port", str(port),
             "--workers", str(c.http_workers), "--log-level", "warning", "--working-dir", str(ROOT),
         ]
-        if model == "wsgi":
-            argv += ["--blocking-threads", str(c.http_threads), "bench.suite.model_apps:wsgi_app"]
+        if model in ("wsgi", "wsgi-grouped"):
+            app = "wsgi_app" if model == "wsgi" else "wsgi_grouped_app"
+            argv[2] = "wsgi"
+            argv += ["--blocking-threads", str(c.http_threads), f"bench.suite.model_apps:{app}"]
         else:
             argv += ["bench.suite.model_apps:rsgi_app"]
         proc = self.procs.spawn(f"floor-{model}", argv, dict(self.base_env, BENCH_REDIS_URL=self.url))
