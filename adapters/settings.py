@@ -156,6 +156,10 @@ class Settings:
     #: completed, ack); larger ones keep the separate steps, so 'validated' shows
     #: before a long apply. 0 = always the separate steps. See docs/performance.md.
     one_step_max_bytes: int = 16 * 1024
+    #: At most this many such small imports of one location that a worker
+    #: process fetched together run in one script call (each with its own
+    #: outcome); 1 = one call per import. See docs/performance.md.
+    apply_together_max: int = 16
     accepted_versions: frozenset[int] = field(default_factory=lambda: frozenset({CURRENT_VERSION}))
     producer_version: int = CURRENT_VERSION
     keep_completed_age_s: int = 3600
@@ -229,6 +233,7 @@ class Settings:
             max_rows=_int(env, "IMPORTER_MAX_ROWS", cls.max_rows, minimum=1),
             max_upload_bytes=_int(env, "IMPORTER_MAX_UPLOAD_BYTES", cls.max_upload_bytes, minimum=1),
             one_step_max_bytes=_int(env, "IMPORTER_ONE_STEP_MAX_BYTES", cls.one_step_max_bytes),
+            apply_together_max=_int(env, "IMPORTER_APPLY_TOGETHER_MAX", cls.apply_together_max),
             accepted_versions=_versions(env, "IMPORTER_ACCEPTED_VERSIONS", frozenset({CURRENT_VERSION})),
             producer_version=_int(env, "IMPORTER_PRODUCER_VERSION", CURRENT_VERSION, minimum=1),
             keep_completed_age_s=_int(env, "IMPORTER_KEEP_COMPLETED_AGE", cls.keep_completed_age_s),
@@ -285,6 +290,8 @@ class Settings:
             raise SettingsError("IMPORTER_LOG_FORMAT must be json or text")
         if self.max_attempts < 1:
             raise SettingsError("max_attempts must be >= 1")
+        if not 1 <= self.apply_together_max <= 64:
+            raise SettingsError("IMPORTER_APPLY_TOGETHER_MAX must be between 1 and 64")
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,9 @@ tests/unit/fakes.py. Nothing here does I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from importer.domain.errors import PublicError
 from importer.domain.jobs import JobRecord, RejectionReport, ShipmentRecord
@@ -77,6 +77,18 @@ class ApplyResult:
     kind: Literal["applied", "replayed", "conflict", "overflow", "finished", "missing", "stale"]
     result: dict[str, Any] | None = None
     detail: str = ""
+
+
+class OneStepImport(NamedTuple):
+    """One import for a one-step attempt (start, validated, apply, in one atomic
+    step): its job, upload and validated shipment, and the transport's
+    acknowledgement of the message that brought the upload (opaque here; None: none)."""
+
+    job_id: str
+    upload_id: str
+    batch_id: str
+    shipment: Shipment
+    ack: Any = None
 
 
 class JobRecorder(Protocol):
@@ -178,6 +190,12 @@ class AttemptStore(Protocol):
         started. ``ack``: the transport's acknowledgement of the message that
         brought the upload (opaque here), made in the same step; None: none.
         The apply result is None when the attempt did not start."""
+        ...
+
+    def start_and_apply_together(self, imports: Sequence[OneStepImport]) -> list[tuple[StartOutcome, ApplyResult | None]]:
+        """:meth:`start_and_apply` for several imports of one location, in one
+        atomic step: each has its own outcome, in order (a conflict or an
+        overflow fails only its own job)."""
         ...
 
 

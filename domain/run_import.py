@@ -8,12 +8,26 @@ call is one atomic step (a Lua script in production).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from importer.domain.contract import decode_message, job_id_of
 from importer.domain.errors import CsvInvalid, DomainError, PublicError, public_error_for
-from importer.domain.ports import ApplyResult, AttemptStore, EventLog, OnStarted, StartedAttempt, StartOutcome
+from importer.domain.ports import (
+    ApplyResult, AttemptStore, EventLog, OneStepImport, OnStarted, StartedAttempt, StartOutcome,
+)
 from importer.domain.shipment import parse_shipment
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What one import's part of a one-step call shared with other imports did
+    (:func:`apply_together`), for its own delivery to report (:func:`run_import`)."""
+
+    outcome: StartOutcome
+    applied: ApplyResult | None
+    rows: int
 
 
 class PermanentImportFailure(DomainError):
@@ -38,6 +52,7 @@ def run_import(
     on_started: OnStarted = _ignore_started,
     upload: bytes | None = None,
     ack: Any = None,
+    settled: Settled | None = None,
 ) -> str:
     """Run one attempt of the import a queue message names; returns what it did.
 
@@ -53,7 +68,9 @@ def run_import(
     starts, applies and completes in one atomic step of the store (the
     'validated' milestone is recorded in it, with the events of the separate
     steps); ``ack``, the transport's acknowledgement of that message, is made
-    in the same step. Without it, or when it is invalid, the separate steps run: start
+    in the same step. ``settled``: that step already ran for this delivery,
+    in a call shared with other imports (:func:`apply_together`); this reports
+    its outcome. Without an upload, or when it is invalid, the separate steps run: start
     (which hands over the upload), validate, then apply. Raises :class:`PermanentImportFailure` after recording a failure
     that retrying cannot fix. Any other exception (the store unreachable, the
     time limit) propagates to the queue, which retries the attempt.
@@ -73,7 +90,7 @@ def run_import(
     ctx: dict[str, Any] = {"jobId": msg.job_id, "batchId": msg.batch_id}
     if msg.request_id:  # contract version 2: the POST that made the job
         ctx["requestId"] = msg.request_id
-    if upload is not None:
+    if settled is None and upload is not None:
         parsed = parse_shipment(upload, max_rows=max_rows)
         # An invalid upload takes the separate steps below: the attempt starts,
         # then its failure is recorded with the CSV issues.
@@ -81,12 +98,14 @@ def run_import(
             outcome, applied = store.start_and_apply(
                 job_id=msg.job_id, upload_id=msg.upload_id, batch_id=msg.batch_id, shipment=parsed, ack=ack,
             )
-            started = _started(store, outcome, msg.job_id, log, ctx)
-            if started is None or applied is None:
-                return outcome.kind
-            ctx.update(owner=started.owner, attempt=started.attempt)
-            log("import.started", logging.DEBUG, **ctx)
-            return _applied(applied, parsed.row_count, log, ctx)
+            settled = Settled(outcome, applied, parsed.row_count)
+    if settled is not None:
+        started = _started(store, settled.outcome, msg.job_id, log, ctx)
+        if started is None or settled.applied is None:
+            return settled.outcome.kind
+        ctx.update(owner=started.owner, attempt=started.attempt)
+        log("import.started", logging.DEBUG, **ctx)
+        return _applied(settled.applied, settled.rows, log, ctx)
 
     outcome = store.start_attempt(msg.job_id, msg.upload_id)
     started = _started(store, outcome, msg.job_id, log, ctx)
@@ -111,6 +130,41 @@ def run_import(
         batch_id=msg.batch_id, owner=started.owner, shipment=parsed, token=started.token,
     )
     return _applied(applied, parsed.row_count, log, ctx)
+
+
+def apply_together(
+    store: AttemptStore, deliveries: Sequence[tuple[Any, bytes, Any]], *, accepted_versions: frozenset[int], max_rows: int,
+) -> list[Settled | None]:
+    """Validate several deliveries of one location (message body, the upload
+    that came with it, the ack of its message) and run the one-step attempt of
+    every valid one in a single atomic store call (group commit).
+
+    Returns, per delivery in order, what its attempt did, or None for a
+    delivery to run on its own with :func:`run_import` (which then records what
+    is wrong): its message is not one this worker accepts, its upload is
+    invalid CSV, or its job is already in the call (a duplicate delivery).
+    Raises what the store raises (the store unreachable): then nothing is
+    known of any of them, and each delivery runs on its own.
+    """
+    settled: list[Settled | None] = [None] * len(deliveries)
+    picked: list[tuple[int, int]] = []
+    imports: list[OneStepImport] = []
+    for position, (body, upload, ack) in enumerate(deliveries):
+        try:
+            msg = decode_message(body, accepted_versions)
+        except DomainError:
+            continue
+        if any(i.job_id == msg.job_id for i in imports):
+            continue
+        parsed = parse_shipment(upload, max_rows=max_rows)
+        if isinstance(parsed, CsvInvalid):
+            continue
+        picked.append((position, parsed.row_count))
+        imports.append(OneStepImport(msg.job_id, msg.upload_id, msg.batch_id, parsed, ack))
+    if imports:
+        for (position, rows), (outcome, applied) in zip(picked, store.start_and_apply_together(imports)):
+            settled[position] = Settled(outcome, applied, rows)
+    return settled
 
 
 def _started(store: AttemptStore, outcome: StartOutcome, job_id: str, log: EventLog, ctx: dict[str, Any]) -> StartedAttempt | None:

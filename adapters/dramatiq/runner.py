@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import traceback
@@ -14,12 +15,11 @@ from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from importer.adapters.logs import log_event
 from importer.adapters.redis.client import StoreUnavailable
-from importer.adapters.redis.records import QueueAck
 from importer.adapters.settings import Settings
 from importer.domain.ports import AttemptStore
-from importer.domain.run_import import PermanentImportFailure, run_import
+from importer.domain.run_import import PermanentImportFailure, Settled, apply_together, run_import
 
-from importer.adapters.dramatiq.broker import ACTOR_NAME, MessageHandover
+from importer.adapters.dramatiq.broker import ACTOR_NAME, Handed, MessageHandover
 
 log = logging.getLogger("importer.worker")
 
@@ -79,17 +79,39 @@ class ImportRunner:
     def drop_pending(self, failure: PendingFailure) -> None:
         self._pending.pop((failure.job_id, failure.token), None)
 
-    def run(self, body: Any, message_id: str = "", handed_over: tuple[bytes, QueueAck] | None = None) -> str:
-        """``handed_over``: the upload that came with the message and the ack
-        the one-script attempt makes (:class:`MessageHandover`)."""
+    def run(self, body: Any, message_id: str = "", handed: Handed | None = None, handover: MessageHandover | None = None) -> str:
+        """``handed``: the upload that came with the message and the ack the
+        one-step attempt makes (:class:`MessageHandover`), or the outcome another
+        delivery's call gave it. With ``handover``, the attempt takes other
+        fetched imports of its location into its call (group commit)."""
         def started(job_id: str, attempt: int, token: str) -> None:
             self._attempts[message_id] = (job_id, attempt, token)
 
-        upload, ack = handed_over if handed_over is not None else (None, None)
-        return run_import(
-            self.store, body, accepted_versions=self.settings.accepted_versions, max_rows=self.settings.max_rows,
-            log=self._log, on_started=started, upload=upload, ack=ack,
+        run = functools.partial(
+            run_import, self.store, body, accepted_versions=self.settings.accepted_versions,
+            max_rows=self.settings.max_rows, log=self._log, on_started=started,
         )
+        if handed is None:
+            return run()
+        if handed.settled is not None:
+            return run(settled=handed.settled)
+        companions = handover.claim_together(handed) if handover is not None else []
+        if not companions:
+            return run(upload=handed.upload, ack=handed.ack)
+        assert handover is not None
+        settled: list[Settled | None] = [None] * (len(companions) + 1)
+        try:
+            settled = apply_together(
+                self.store, [(body, handed.upload, handed.ack), *((c.body, c.upload, c.ack) for c in companions)],
+                accepted_versions=self.settings.accepted_versions, max_rows=self.settings.max_rows,
+            )
+        finally:
+            # Each companion's actor reports its outcome, or runs on its own (this call failed, or it was left out).
+            for companion, outcome in zip(companions, settled[1:]):
+                handover.settle(companion.redis_message_id, outcome)
+        if settled[0] is not None:
+            return run(settled=settled[0])
+        return run(upload=handed.upload, ack=handed.ack)
 
     @staticmethod
     def _log(event: str, level: int = logging.INFO, **fields: Any) -> None:
@@ -112,7 +134,7 @@ def declare_import_actor(broker: dramatiq.Broker, runner: ImportRunner, settings
         if message is None:
             runner.run(body)
             return
-        runner.run(body, message.message_id, handover.take(message) if handover is not None else None)
+        runner.run(body, message.message_id, handover.take(message) if handover is not None else None, handover)
 
     declare = dramatiq.actor(
         broker=broker,

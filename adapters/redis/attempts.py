@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from importer.adapters.redis.base import RedisStoreBase
@@ -11,10 +12,13 @@ from importer.adapters.redis.client import store_errors
 from importer.adapters.redis.records import QueueAck, error_json, report_json, text_of
 from importer.domain.errors import PublicError
 from importer.domain.locations import MAIN
-from importer.domain.ports import ApplyResult, StartedAttempt, StartOutcome
+from importer.domain.ports import ApplyResult, OneStepImport, StartedAttempt, StartOutcome
 from importer.domain.shipment import Shipment
 from importer.domain.stock import MAX_STOCK
 
+
+#: start_apply.lua's layout: how many shared KEYS, KEYS per import, and shared ARGV.
+TOGETHER_LAYOUT = (16, 5, 12)
 
 #: How many KEYS the job-step header has (common.lua, "Job steps"): each step's own follow.
 JOB_STEP_KEYS = 7
@@ -124,26 +128,51 @@ class AttemptSteps(RedisStoreBase):
         shipment the worker validated from the upload that came with its
         message; with ``ack``, the message is acknowledged in the same step
         (for every outcome after which the actor returns normally)."""
-        start_keys, start_args = self._start_args(job_id, upload_id)
-        # The owner, attempt and token of the apply come from the start, inside the script.
-        apply_keys, apply_args = self._apply_args(
-            job_id=job_id, upload_id=upload_id, attempt=0, batch_id=batch_id, owner="", shipment=shipment, token="",
-        )
-        k = self.partition_of(job_id)
-        keys = [*start_keys, *apply_keys[JOB_STEP_KEYS:]]
-        if ack is not None:
-            # The ack's keys are the job's location's queue's (LocationQueues): in the job's slot on a cluster.
-            keys += [ack.acks_key, ack.messages_key, ack.heartbeats_key]
-            args = [*start_args, ack.redis_message_id, ack.worker_id, int(time.time() * 1000), *apply_args[8:]]
-        else:
-            keys += [k.job(job_id)] * 3  # not touched (any key of the job's slot)
-            args = [*start_args, "", "", 0, *apply_args[8:]]
+        (outcome,) = self.start_and_apply_together([OneStepImport(job_id, upload_id, batch_id, shipment, ack)])
+        return outcome
+
+    def start_and_apply_together(
+        self, imports: Sequence[OneStepImport],
+    ) -> list[tuple[StartOutcome, ApplyResult | None]]:
+        """:meth:`start_and_apply` for several imports of one partition in one
+        script call: each has its own outcome, in order; the writes they share
+        a key for are made once per key (start_apply.lua)."""
+        if not imports:
+            return []
+        k, s = self.partition_of(imports[0].job_id), self.settings
+        acks = [i.ack for i in imports if i.ack is not None]
+        # The ack's keys are the job's location's queue's (LocationQueues): in the job's slot on a cluster.
+        ack_keys = [acks[0].acks_key, acks[0].messages_key, acks[0].heartbeats_key] if acks else [k.fence] * 3
+        keys = [
+            k.events, k.active, k.failed, k.stats, k.finished_new, k.waiting, k.unsent, k.deadline, k.fence,
+            k.stock, k.generation, k.journal, k.completed, *ack_keys,
+        ]
+        args: list[Any] = [
+            s.events_maxlen, s.max_attempts, error_json("import.attempts_exhausted"),
+            int(s.attempt_lease_s * 1000), int((s.time_limit_s + s.stall_margin_s) * 1000),
+            error_json("import.upload_missing"), MAX_STOCK, error_json("batch.conflict"), error_json("stock.overflow"),
+            acks[0].worker_id if acks else "", int(time.time() * 1000), len(imports),
+        ]
+        assert (len(keys), len(args)) == (TOGETHER_LAYOUT[0], TOGETHER_LAYOUT[2])
+        for one in imports:
+            if self.partition_of(one.job_id) != k or (one.ack is not None and one.ack.acks_key != ack_keys[0]):
+                raise ValueError("imports applied together must share one partition and one queue")
+            keys += [k.job(one.job_id), k.job_events(one.job_id), k.upload(one.upload_id), k.done(one.batch_id),
+                     k.receipt(one.batch_id)]
+            args += [one.job_id, one.upload_id, one.batch_id, one.shipment.content_sha256,
+                     one.ack.redis_message_id if one.ack is not None else "", one.shipment.row_count]
+            for row in one.shipment.rows:
+                args.append(row.sku)
+                args.append(row.quantity)
         with store_errors():
-            started_reply, applied_reply, acked = self._script("start_apply", keys=keys, args=args)
-        outcome = self._start_outcome(started_reply)
-        if ack is not None and int(acked):
-            ack.acknowledged()
-        return outcome, (self._apply_result(applied_reply) if outcome.kind == "started" else None)
+            replies = self._script("start_apply", keys=keys, args=args)
+        outcomes: list[tuple[StartOutcome, ApplyResult | None]] = []
+        for one, (started_reply, applied_reply, acked) in zip(imports, replies):
+            outcome = self._start_outcome(started_reply)
+            if one.ack is not None and int(acked):
+                one.ack.acknowledged()
+            outcomes.append((outcome, self._apply_result(applied_reply) if outcome.kind == "started" else None))
+        return outcomes
 
     def record_failure(
         self, *, job_id: str, attempt: int | None, final: bool | None, error: PublicError, diagnostic: str,

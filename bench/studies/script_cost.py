@@ -51,6 +51,7 @@ from bench.suite.common import cpu_seconds, csv_3rows, new_prefix  # noqa: E402
 from bench.suite.producer import ImporterProducer  # noqa: E402
 from bench.suite.servers import Bench, Config  # noqa: E402
 from importer.adapters.redis import scripts as this_tree  # noqa: E402
+from importer.domain.ports import OneStepImport  # noqa: E402
 from importer.domain.shipment import job_id_for, parse_shipment  # noqa: E402
 
 PROFILED = ("start", "apply", "start_apply")
@@ -136,7 +137,7 @@ def segmented_source(prof_key: str) -> str:
     return str(module.lua_source("start_apply"))  # type: ignore[attr-defined]
 
 
-def one_round(bench: Bench, source: str, n: int, tag: str) -> dict[str, float]:
+def one_round(bench: Bench, source: str, n: int, tag: str, together: int = 1) -> dict[str, float]:
     producer = ImporterProducer(bench.url, bench.importer_env(new_prefix("sc")))
     try:
         store = producer.side.api.store
@@ -151,16 +152,19 @@ def one_round(bench: Bench, source: str, n: int, tag: str) -> dict[str, float]:
         r.config_resetstat()
         aof0 = r.info("persistence").get("aof_current_size", 0)
         cpu0 = cpu_seconds(bench.server_pid)
-        for job_id, upload_id, batch_id, shipment in jobs:
-            started, applied = store.start_and_apply(job_id=job_id, upload_id=upload_id, batch_id=batch_id, shipment=shipment)
-            if started.kind != "started" or applied is None or applied.kind != "applied":
-                raise SystemExit(f"start_apply answered {started}, {applied}")
+        calls = [jobs[at:at + together] for at in range(0, n, together)]
+        for call in calls:
+            imports = [OneStepImport(job_id, upload_id, batch_id, shipment) for job_id, upload_id, batch_id, shipment in call]
+            for started, applied in store.start_and_apply_together(imports):
+                if started.kind != "started" or applied is None or applied.kind != "applied":
+                    raise SystemExit(f"start_apply answered {started}, {applied}")
         cpu = cpu_seconds(bench.server_pid) - cpu0
         aof = r.info("persistence").get("aof_current_size", 0) - aof0
         stats = r.info("commandstats")
         inside = {k: v for k, v in stats.items() if k not in NOT_COUNTED}
         return {
             "evalsha_us": stats["cmdstat_evalsha"]["usec"] / n,
+            "calls": stats["cmdstat_evalsha"]["calls"] / n,
             "commands": sum(v["calls"] for v in inside.values()) / n,
             "commands_us": sum(v["usec"] for v in inside.values()) / n,
             "server_cpu_us": cpu * 1e6 / n,
@@ -176,6 +180,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--against", metavar="REV", help="also measure the scripts of this git revision, alternating")
     ap.add_argument("--segments", action="store_true", help="then time each top-level statement of the script")
+    ap.add_argument("--together", default="1", metavar="N,N...",
+                    help="imports per call of this tree's script, each a row (e.g. 1,4,16; --against runs 1)")
     a = ap.parse_args()
 
     cfg = Config(repeat=1, quick=True, drain_ns=[a.n], processes=1, threads=1, prefetch=64,
@@ -183,16 +189,19 @@ def main() -> int:
     bench = Bench(cfg, Path(tempfile.mkdtemp(prefix="script-cost-")))
     bench.start_server()
     try:
-        sources = {"this tree": this_tree.lua_source("start_apply")}
+        this = this_tree.lua_source("start_apply")
+        sizes = [int(size) for size in a.together.split(",")]
+        sources = {("this tree" if size == 1 else f"this tree, {size} per call"): (this, size) for size in sizes}
         if a.against:
-            sources[a.against] = scripts_at(a.against).lua_source("start_apply")
+            sources[a.against] = (scripts_at(a.against).lua_source("start_apply"), 1)
         rounds: dict[str, list[dict[str, float]]] = {name: [] for name in sources}
         for rep in range(a.repeat):
-            for name, source in (sources.items() if rep % 2 == 0 else reversed(sources.items())):
-                rounds[name].append(one_round(bench, source, a.n, f"r{rep}-{uuid.uuid4().hex[:6]}"))
-        print(f"\nstart_apply.lua, one 3-row import per call, N={a.n:,} per round, medians of {a.repeat} rounds "
+            for name, (source, size) in (sources.items() if rep % 2 == 0 else reversed(sources.items())):
+                rounds[name].append(one_round(bench, source, a.n, f"r{rep}-{uuid.uuid4().hex[:6]}", size))
+        print(f"\nstart_apply.lua, 3-row imports, N={a.n:,} per round, medians of {a.repeat} rounds "
               f"(valkey {bench.valkey_version}, {bench.server_config})\n")
         columns = [
+            ("script calls", "calls", "{:.3f}"),
             ("EVALSHA server time, µs", "evalsha_us", "{:.1f}"),
             ("commands inside", "commands", "{:.2f}"),
             ("their own time, µs", "commands_us", "{:.1f}"),

@@ -5,6 +5,7 @@ A dict-backed JobStore and a list-backed MessageSender; no mocks.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 from dataclasses import dataclass, field, replace
 
@@ -12,7 +13,7 @@ from importer.domain.locations import MAIN, location_of_job
 from importer.domain.contract import live_workers_can_run
 from importer.domain.jobs import JobRecord, JobState, RejectionReport, ShipmentRecord
 from importer.domain.errors import PublicError
-from importer.domain.ports import ApplyResult, EnqueueOutcome, RetryOutcome, StartedAttempt, StartOutcome
+from importer.domain.ports import ApplyResult, EnqueueOutcome, OneStepImport, RetryOutcome, StartedAttempt, StartOutcome
 from importer.domain.receipt import StoredReceipt
 from importer.domain.shipment import Shipment
 
@@ -279,6 +280,12 @@ class FakeAttemptStore:
         )
         self.calls.pop()
         return outcome, applied
+
+    def start_and_apply_together(self, imports: Sequence[OneStepImport]) -> list[tuple[StartOutcome, ApplyResult | None]]:
+        return [
+            self.start_and_apply(job_id=i.job_id, upload_id=i.upload_id, batch_id=i.batch_id, shipment=i.shipment, ack=i.ack)
+            for i in imports
+        ]
 
     def start_attempt(self, job_id: str, upload_id: str) -> StartOutcome:
         self.calls.append("start")

@@ -106,13 +106,17 @@ def test_every_declared_argument_is_used(name: str) -> None:
 
 
 def test_the_job_step_header_is_as_long_in_lua_and_in_python() -> None:
-    """start_apply.lua slices its KEYS by the header's length; AttemptSteps passes it."""
-    from importer.adapters.redis.attempts import JOB_STEP_KEYS
+    """The job steps' shared header, and start_apply.lua's layout of its
+    shared and per-import KEYS and ARGV, are as long in Lua as AttemptSteps makes them."""
+    from importer.adapters.redis.attempts import JOB_STEP_KEYS, TOGETHER_LAYOUT
 
     match = re.search(r"KEYS\[(\d+)\] P:jobs:finished:new\n--   ARGV\[1\] jobId", (LUA / "common.lua").read_text(encoding="utf-8"))
     assert match is not None and int(match.group(1)) == JOB_STEP_KEYS
-    header = ", ".join(f"KEYS[{i}]" for i in range(1, JOB_STEP_KEYS + 1))
-    assert f"local apply_keys = {{{header}, unpack(KEYS, 13," in code_of("start_apply")
+    shared_keys, per_import_keys, shared_argv = TOGETHER_LAYOUT
+    assert f"local SHARED_KEYS, PER_IMPORT_KEYS, SHARED_ARGV = {shared_keys}, {per_import_keys}, {shared_argv}\n" in code_of("start_apply")
+    header = (LUA / "start_apply.lua").read_text(encoding="utf-8")
+    assert f"KEYS[{shared_keys}] dramatiq's worker heartbeats" in header
+    assert f"ARGV[{shared_argv}] how many imports" in header
 
 
 @pytest.mark.parametrize("name", ALL)

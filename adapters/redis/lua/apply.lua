@@ -59,7 +59,7 @@ step.attempt_started = attempt_started
 if not state then return {'missing'} end
 if is_finished(state) then return {'finished', state} end
 if state ~= 'active' or (token or '') ~= ARGV[19] then return {'stale', state} end
-redis.call('ZREM', KEYS[14], job_id)
+zrem(KEYS[14], job_id)
 emit(step.events, step.job_events, step.maxlen, 'progress', job_id, batch_id, attempt, validated)
 
 local start_fields = (started and started.record) or {}
@@ -73,8 +73,8 @@ local function complete(result_json)
   -- The content key stays with the record its upload leaves (enqueue.lua compares a re-POST with it).
   redis.call('HSET', job_key, 'state', 'completed', 'progress', progress, 'result', result_json,
     'error', '', 'finishedAt', now, 'updatedAt', now, 'contentSha256', sha, unpack(start_fields))
-  redis.call('DEL', KEYS[13])
-  if not started then redis.call('ZREM', step.active, job_id) end
+  del(KEYS[13])
+  if not started then zrem(step.active, job_id) end
   index_finished(step, KEYS[12])
   emit(step.events, step.job_events, step.maxlen, 'progress', job_id, batch_id, attempt, progress)
   emit(step.events, step.job_events, step.maxlen, 'completed', job_id, batch_id, attempt, result_json)
@@ -138,7 +138,7 @@ for _, chunk in ipairs(updates) do
   redis.call('HSET', KEYS[8], unpack(chunk))
 end
 redis.call('SET', KEYS[15], table.concat(receipt))
-redis.call('INCR', KEYS[9])
+incrby(KEYS[9], nil, 1)
 local result_json = '{"imported":' .. rows .. ',"batchId":' .. cjson.encode(batch_id) .. '}'
 redis.call('HSET', KEYS[10], 'batchId', batch_id, 'contentSha256', sha, 'result', result_json,
   'owner', owner, 'appliedAt', now, 'jobId', job_id)

@@ -70,7 +70,10 @@ local COMBINED = nil
 
 -- Milliseconds from the server's clock (TIME is allowed in scripts since
 -- Redis 5, which replicates effects rather than scripts).
+local BATCH = nil  -- set by start_apply.lua for the imports of one call: see "Batched writes" below
+
 local function server_ms()
+  if BATCH then return BATCH.now end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
@@ -100,6 +103,85 @@ local function emit(events_key, job_events_key, maxlen, kind, job_id, batch_id, 
     'attempt', attempt, 'data', data)
 end
 
+-- Batched writes. start_apply.lua runs several imports of one partition in
+-- one call; the writes they share a key for (the indexes, the counters, the
+-- uploads' DEL, the generation) are then gathered in BATCH and made once per
+-- key at the end of the call (flush_batch) instead of once per import: ZREM
+-- and ZADD with every member, one HINCRBY per counter, one DEL of every key.
+-- Each import's own writes (its record, done marker, receipt, stock rows,
+-- journal entry, events) are made at once, in its own order. The gathered
+-- writes are bookkeeping that no step of the same call reads back (a job is
+-- in a call at most once), so making them later in the same atomic call
+-- changes nothing anyone can see. Run on its own (BATCH nil), every helper
+-- writes at once.
+local function batched(command, key, ...)
+  local groups = BATCH.groups
+  local group = groups[command .. ' ' .. key]
+  if not group then
+    group = {command, key}
+    groups[command .. ' ' .. key] = group
+    groups[#groups + 1] = group
+  end
+  for _, value in ipairs({...}) do group[#group + 1] = value end
+end
+
+local function zrem(key, member)
+  if BATCH then batched('ZREM', key, member) else redis.call('ZREM', key, member) end
+end
+
+local function zadd(key, score, member)
+  if BATCH then batched('ZADD', key, score, member) else redis.call('ZADD', key, score, member) end
+end
+
+local function del(key)
+  if BATCH then batched('DEL', key, key) else redis.call('DEL', key) end
+end
+
+-- by: a number; HINCRBY (hash fields) and INCRBY (strings, field nil) sum per key and field.
+local function incrby(key, field, by)
+  if not BATCH then
+    if field then redis.call('HINCRBY', key, field, by) else redis.call('INCRBY', key, by) end
+    return
+  end
+  local sums = BATCH.sums[key]
+  if not sums then
+    sums = {}
+    BATCH.sums[key] = sums
+    BATCH.sums[#BATCH.sums + 1] = key
+  end
+  local name = field or ''
+  if not sums[name] then sums[#sums + 1] = name end
+  sums[name] = (sums[name] or 0) + by
+end
+
+-- The fencing token of a new attempt: INCR of the counter, or in a batch the
+-- next of the tokens start_apply.lua took for the whole call (INCRBY first,
+-- so no token is ever handed out twice).
+local function next_token(fence_key)
+  if BATCH then
+    BATCH.token = BATCH.token + 1
+    return tostring(BATCH.token)
+  end
+  return tostring(redis.call('INCR', fence_key))
+end
+
+local function flush_batch()
+  for _, group in ipairs(BATCH.groups) do
+    if group[1] == 'DEL' then
+      redis.call('DEL', unpack(group, 3))
+    else
+      redis.call(group[1], group[2], unpack(group, 3))
+    end
+  end
+  for _, key in ipairs(BATCH.sums) do
+    local sums = BATCH.sums[key]
+    for _, name in ipairs(sums) do
+      if name == '' then redis.call('INCRBY', key, sums[name])
+      elseif sums[name] ~= 0 then redis.call('HINCRBY', key, name, sums[name]) end
+    end
+  end
+end
+
 local function is_finished(state)
   return state == 'completed' or state == 'failed'
 end
@@ -108,13 +190,13 @@ end
 -- or P:jobs:failed) and P:jobs:finished:new, from where the retention pass
 -- puts it in its owner's index (whose name the caller cannot know beforehand).
 local function index_finished(step, index_key)
-  redis.call('ZADD', index_key, step.now, step.id)
-  redis.call('ZADD', step.finished_new, step.now, step.id)
+  zadd(index_key, step.now, step.id)
+  zadd(step.finished_new, step.now, step.id)
 end
 
 -- Queue-wide counters in P:stats, read by GET /metrics.
 local function count(stats_key, field, by)
-  redis.call('HINCRBY', stats_key, field, by or 1)
+  incrby(stats_key, field, by or 1)
 end
 
 local function count_failed(stats_key, error_json)
@@ -135,8 +217,8 @@ local function observe_duration(step)
   for _, le in ipairs(DURATION_BUCKETS_MS) do
     if ms <= le then bucket = tostring(le) break end
   end
-  redis.call('HINCRBY', step.stats, 'duration_le:' .. bucket, 1)
-  if ms ~= 0 then redis.call('HINCRBY', step.stats, 'duration_sum_ms', ms) end
+  incrby(step.stats, 'duration_le:' .. bucket, 1)
+  if ms ~= 0 then incrby(step.stats, 'duration_sum_ms', ms) end
 end
 
 -- The job ends failed: record, indexes, event, counters. The one way start,
@@ -144,7 +226,7 @@ end
 local function mark_failed(step, batch_id, attempt, error_json, diagnostic)
   redis.call('HSET', step.key, 'state', 'failed', 'error', error_json, 'diagnostic', diagnostic,
     'finishedAt', step.now, 'updatedAt', step.now)
-  redis.call('ZREM', step.active, step.id)
+  zrem(step.active, step.id)
   index_finished(step, step.failed)
   emit(step.events, step.job_events, step.maxlen, 'failed', step.id, batch_id, attempt, error_json)
   count_failed(step.stats, error_json)

@@ -22,16 +22,17 @@
 --   queue's slot. (A message of another location left in main's queue by an
 --   older release finds no upload there and takes the separate steps.)
 --
--- Returns {messages as dramatiq's fetch returns them, redis_message_ids, uploads}
--- (the last two side by side, only for the messages whose upload came along).
+-- Returns {messages as dramatiq's fetch returns them, redis_message_ids, uploads,
+-- jobIds, positions in messages} (the last four side by side, only for the
+-- messages whose upload came along).
 
 local messages = dramatiq_dispatch()
 if type(messages) ~= 'table' then messages = {} end
-local ids, uploads = {}, {}
+local ids, uploads, jobs, positions = {}, {}, {}, {}
 local upload_prefix, max_bytes, actor = ARGV[10], tonumber(ARGV[11]), ARGV[12]
 local head, tail = ARGV[13], ARGV[14]
 if ARGV[1] == 'fetch' and max_bytes > 0 then
-  for _, data in ipairs(messages) do
+  for position, data in ipairs(messages) do
     local ok, m = false, nil
     if data then ok, m = pcall(cjson.decode, data) end
     if ok and type(m) == 'table' and m['actor_name'] == actor and type(m['options']) == 'table'
@@ -46,9 +47,11 @@ if ARGV[1] == 'fetch' and max_bytes > 0 then
         if csv then
           ids[#ids + 1] = id
           uploads[#uploads + 1] = csv
+          jobs[#jobs + 1] = type(job_id) == 'string' and job_id or ''
+          positions[#positions + 1] = position
         end
       end
     end
   end
 end
-return {messages, ids, uploads}
+return {messages, ids, uploads, jobs, positions}

@@ -39,28 +39,30 @@ if state == 'active' then
 end
 
 local attempt = tonumber(rec[9] or '0') + 1  -- written with the state below (or with the failure)
-redis.call('ZREM', KEYS[9], step.id)
-redis.call('ZREM', KEYS[10], step.id)
+zrem(KEYS[9], step.id)
+zrem(KEYS[10], step.id)
 local counted = attempt - tonumber(rec[7] or '0') - tonumber(rec[8] or '0')
 
 if counted > max_attempts then
   redis.call('HSET', step.key, 'attempt', attempt)
   mark_failed(step, rec[3], attempt, ARGV[11],
     'attempt ' .. attempt .. ' (' .. counted .. ' counted) exceeds max attempts ' .. ARGV[10])
-  redis.call('ZREM', KEYS[11], step.id)
+  zrem(KEYS[11], step.id)
   return {'exhausted', attempt}
 end
 
-local csv = redis.call('GET', KEYS[8])
+-- Run by start_apply.lua, the worker has the upload already (it came with the message): only whether it is still there matters.
+local csv
+if COMBINED then csv = redis.call('EXISTS', KEYS[8]) == 1 and '' else csv = redis.call('GET', KEYS[8]) end
 if not csv then
   redis.call('HSET', step.key, 'attempt', attempt)
   mark_failed(step, rec[3], attempt, ARGV[14], 'upload key missing')
-  redis.call('ZREM', KEYS[11], step.id)
+  zrem(KEYS[11], step.id)
   return {'upload_missing', attempt}
 end
 
 local now = step.now
-local token = tostring(redis.call('INCR', KEYS[12]))
+local token = next_token(KEYS[12])
 local cap = now + tonumber(ARGV[13])
 local fields = {'attempt', attempt, 'attemptStartedAt', now, 'token', token, 'leaseCap', cap}
 if not rec[6] then

@@ -1,7 +1,10 @@
--- start_apply.lua: one script call for a small import whose upload the
--- worker received with its queue message (fetch.lua) and has already parsed
--- and validated: start the attempt (start.lua), record 'validated', apply and
--- complete (apply.lua), and acknowledge the queue message, atomically.
+-- start_apply.lua: one script call for one or several small imports of one
+-- partition whose uploads the worker received with their queue messages
+-- (fetch.lua) and has already parsed and validated. For each import, in
+-- order: start the attempt (start.lua), record 'validated', apply and
+-- complete (apply.lua), and acknowledge its queue message. Atomically, for
+-- all of them together; each import has its own outcome (a conflict or an
+-- overflow fails only its own job).
 --
 -- adapters/redis/scripts.py puts start.lua and apply.lua above this file, unchanged,
 -- as the functions start_step(KEYS, ARGV) and apply_step(KEYS, ARGV): the
@@ -9,18 +12,25 @@
 -- KEYS and ARGV and passes what the start learnt (attempt, owner, fencing
 -- token) to the apply. The events are the separate steps' own, in the same
 -- order: active, progress 'validated', progress 'committed', completed (or failed).
+-- With several imports, the writes they share a key for are made once per key
+-- at the end of the call (common.lua, "Batched writes").
 --
--- KEYS: the job-step header (common.lua, 7 keys, the job's own event stream
--- P:events:<jobId> among them), start.lua's own KEYS[8..12],
--- apply.lua's own KEYS[8..] (as many as apply.lua declares), then the last
--- three: dramatiq's acks set of this worker and queue, the queue's message
--- hash, dramatiq's worker heartbeats (so that a key added to apply.lua needs
--- no change here: RedisStore.start_and_apply passes apply's list as it is)
--- ARGV[1..8]   the job-step header
--- ARGV[9..14]  start.lua's ARGV[9..14]
--- ARGV[15] the dramatiq message's redis_message_id ('' = do not acknowledge)
--- ARGV[16] the dramatiq worker id   ARGV[17] the worker's clock in ms (its heartbeat, as dramatiq's ack)
--- ARGV[18..]   apply.lua's ARGV[9..] (the apply's owner, attempt and token are set here from the start)
+-- KEYS: the partition's shared keys, then 5 per import.
+--   KEYS[1] P:events   KEYS[2] P:jobs:active   KEYS[3] P:jobs:failed   KEYS[4] P:stats
+--   KEYS[5] P:jobs:finished:new   KEYS[6] P:jobs:waiting   KEYS[7] P:jobs:unsent
+--   KEYS[8] P:jobs:deadline   KEYS[9] P:fence   KEYS[10] P:stock   KEYS[11] P:generation
+--   KEYS[12] P:journal   KEYS[13] P:jobs:completed
+--   KEYS[14] dramatiq's acks set of this worker and queue   KEYS[15] the queue's message hash
+--   KEYS[16] dramatiq's worker heartbeats
+--   per import: P:job:<jobId>  P:events:<jobId>  P:upload:<uploadId>  P:done:<batchId>  P:receipt:<batchId>
+-- ARGV: shared, then one run of values per import.
+--   ARGV[1] events maxlen   ARGV[2] maxAttempts   ARGV[3] public error JSON for exhausted attempts
+--   ARGV[4] lease ms   ARGV[5] cap ms   ARGV[6] public error JSON for a missing upload
+--   ARGV[7] maxStock   ARGV[8] ... for a conflict   ARGV[9] ... for an overflow
+--   ARGV[10] the dramatiq worker id   ARGV[11] the worker's clock in ms (its heartbeat, as dramatiq's ack)
+--   ARGV[12] how many imports
+--   per import: jobId, uploadId, batchId, contentSha256, the dramatiq message's
+--   redis_message_id ('' = do not acknowledge), the number of rows n, then n sku, quantity pairs
 --
 -- Acknowledging: exactly what dramatiq's own ack does (dispatch.lua 'ack':
 -- heartbeat, SREM from the acks set, HDEL of the message when it was there),
@@ -28,52 +38,74 @@
 -- permanent failure (conflict, overflow, upload missing): dramatiq rejects
 -- that message itself (its nack), as with the separate steps.
 --
--- Returns {start reply (its csv replaced by ''), apply reply or {}, 1 if acknowledged else 0}
+-- Returns per import, in order: {start reply (its csv ''), apply reply or {}, 1 if acknowledged else 0}
 
--- Each step's KEYS and ARGV. unpack() runs in C (a loop in Lua here cost a
--- tenth of the whole call) but has a stack limit of a few thousand values:
--- the rows of a large upload (IMPORTER_ONE_STEP_MAX_BYTES raised) take the loop.
-local function slice(list, from, to, into)
-  local out = into or {}
-  for i = from, to do out[#out + 1] = list[i] end
-  return out
-end
+local SHARED_KEYS, PER_IMPORT_KEYS, SHARED_ARGV = 16, 5, 12
+local acks_key, messages_key, heartbeats_key = KEYS[14], KEYS[15], KEYS[16]
+local count = tonumber(ARGV[12])
 
-local acks_key, messages_key, heartbeats_key = KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS]
-local start_keys = {unpack(KEYS, 1, 12)}  -- the job-step header (7) and start.lua's own (5)
-local start_argv = {unpack(ARGV, 1, 14)}
-local apply_keys = {KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], unpack(KEYS, 13, #KEYS - 3)}
-local apply_argv
-if #ARGV < 4000 then
-  apply_argv = {ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], unpack(ARGV, 18)}
-else
-  apply_argv = slice(ARGV, 18, #ARGV, {unpack(ARGV, 1, 8)})
-end
+-- Every import of the call reads one clock; the fencing tokens of the whole call are taken at once.
+local t = redis.call('TIME')
+BATCH = {now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), groups = {}, sums = {}}
+BATCH.token = redis.call('INCRBY', KEYS[9], count) - count
+local acked_ids = {}
 
-local function acknowledge()
-  if ARGV[15] == '' then return 0 end
-  redis.call('ZADD', heartbeats_key, ARGV[17], ARGV[16])
-  if redis.call('SREM', acks_key, ARGV[15]) > 0 then
-    redis.call('HDEL', messages_key, ARGV[15])
+local replies = {}
+local at = SHARED_ARGV + 1
+for i = 1, count do
+  local k = SHARED_KEYS + (i - 1) * PER_IMPORT_KEYS
+  local job_key, job_events, upload_key, done_key, receipt_key = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]
+  local job_id, upload_id, batch_id, sha, message_id = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4]
+  local rows = tonumber(ARGV[at + 5])
+  local first_pair = at + 6
+  at = first_pair + 2 * rows
+
+  local combined = {}  -- what the start hands the apply (start.lua: the record's fields of the attempt)
+  local started = start_step(
+    {job_key, KEYS[1], KEYS[2], KEYS[3], KEYS[4], job_events, KEYS[5], upload_key, KEYS[6], KEYS[7], KEYS[8], KEYS[9]},
+    {job_id, ARGV[1], '', '', '', '', '', '', upload_id, ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]},
+    combined)
+  local applied, acked = {}, 1
+  if started[1] ~= 'started' then
+    if started[1] == 'upload_missing' then acked = 0 end
+  else
+    -- {'started', attempt, batchId, owner, contentSha256, csv (''), token, now}
+    local apply_keys = {job_key, KEYS[1], KEYS[2], KEYS[3], KEYS[4], job_events, KEYS[5],
+      KEYS[10], KEYS[11], done_key, KEYS[12], KEYS[13], upload_key, KEYS[8], receipt_key}
+    local validated = '{"phase":"validated","rows":' .. rows .. '}'
+    -- apply.lua's ARGV, its rows after ARGV[20]. unpack() runs in C (a loop in
+    -- Lua here cost a tenth of the whole call) but has a stack limit of a few
+    -- thousand values: the rows of a large upload (IMPORTER_ONE_STEP_MAX_BYTES raised) take the loop.
+    local apply_argv
+    if rows < 2000 then
+      apply_argv = {job_id, ARGV[1], '', '', '', '', '', '', batch_id, sha, started[4] or '', started[2], ARGV[7],
+        '', '', '', ARGV[8], ARGV[9], started[7], validated, unpack(ARGV, first_pair, at - 1)}
+    else
+      apply_argv = {job_id, ARGV[1], '', '', '', '', '', '', batch_id, sha, started[4] or '', started[2], ARGV[7],
+        '', '', '', ARGV[8], ARGV[9], started[7], validated}
+      for j = first_pair, at - 1 do apply_argv[#apply_argv + 1] = ARGV[j] end
+    end
+    -- The apply reads neither the clock nor the record again (the start just made
+    -- them) and writes the start's fields of the record with its own.
+    combined.now, combined.token = started[8], started[7]
+    applied = apply_step(apply_keys, apply_argv, combined)
+    if applied[1] == 'conflict' or applied[1] == 'overflow' then acked = 0 end
   end
-  return 1
+  if message_id == '' then acked = 0 end
+  if acked == 1 then acked_ids[#acked_ids + 1] = message_id end
+  replies[i] = {started, applied, acked}
 end
 
-local combined = {}  -- what the start hands the apply (start.lua: the record's fields of the attempt)
-local started = start_step(start_keys, start_argv, combined)
-if started[1] ~= 'started' then
-  local acked = 0
-  if started[1] ~= 'upload_missing' then acked = acknowledge() end
-  return {started, {}, acked}
+flush_batch()
+if #acked_ids > 0 then
+  redis.call('ZADD', heartbeats_key, ARGV[11], ARGV[10])
+  local held, present = redis.call('SMISMEMBER', acks_key, unpack(acked_ids)), {}
+  for j, id in ipairs(acked_ids) do
+    if held[j] == 1 then present[#present + 1] = id end
+  end
+  if #present > 0 then
+    redis.call('SREM', acks_key, unpack(present))
+    redis.call('HDEL', messages_key, unpack(present))
+  end
 end
--- {'started', attempt, batchId, owner, contentSha256, csv, token, now}
-started[6] = ''
-apply_argv[11] = started[4] or ''
-apply_argv[12] = started[2]
-apply_argv[19] = started[7]
--- The apply reads neither the clock nor the record again (the start just made
--- them) and writes the start's fields of the record with its own.
-local applied = apply_step(apply_keys, apply_argv, {now = started[8], token = started[7], record = combined.record})
-local acked = 0
-if applied[1] ~= 'conflict' and applied[1] ~= 'overflow' then acked = acknowledge() end
-return {started, applied, acked}
+return replies
