@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.faults.harness import FAULT_ENV, Driver, check_invariants, csv_for, documented_bound
+from tests.faults.harness import FAULT_ENV, Driver, check_invariants, csv_for, documented_bound, preload_scripts, script_sha
 from tests.integration.support import wait_for
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
@@ -279,3 +279,110 @@ def test_stale_attempt_resumed_after_retry_finished(make_redis: Any, make_faulty
     assert _events(client, system.prefix, job_id) == before, "the stale attempt wrote events after the job finished"
     assert client.hgetall(f"{system.prefix}job:{job_id}") == record_before
     assert client.hgetall(f"{system.prefix}stock") == {b"SKU-9": b"3"}
+
+
+# -- group commit: a worker killed with a batch of imports in flight ------------------
+
+
+class TimedMonitor:
+    """MONITOR's lines that name this system's keys, each with the server's time of running it."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        self.client = redis.Redis.from_url(url)
+        self.prefix = prefix
+        self.lines: list[tuple[float, str]] = []
+        self._stop = threading.Event()
+        ready = threading.Event()
+
+        def run() -> None:
+            with self.client.monitor() as m:
+                ready.set()
+                for cmd in m.listen():
+                    if self.prefix in cmd["command"]:
+                        self.lines.append((float(cmd["time"]), cmd["command"]))
+                    if self._stop.is_set():
+                        break
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        assert ready.wait(10)
+
+    def stop(self) -> list[tuple[float, str]]:
+        self._stop.set()
+        self.client.ping()  # one more line for the listener to notice
+        self._thread.join(10)
+        return self.lines
+
+
+def _imports_per_call(command: str) -> int:
+    """How many imports a start_apply.lua call carries (its KEYS: 16 shared, 5 per import), 0 for another command."""
+    words = command.split()
+    if len(words) > 2 and words[0].upper() == "EVALSHA" and words[1] == script_sha("start_apply"):
+        return (int(words[2]) - 16) // 5
+    return 0
+
+
+def test_worker_sigkill_with_a_batch_of_imports_in_flight(make_redis: Any, make_faulty: Any) -> None:
+    """A worker drains a backlog, several small imports per script call. Redis
+    is SIGSTOPped, so the worker's calls wait in flight (sent, unanswered), and
+    the worker is SIGKILLed; then Redis resumes and runs what the dead worker had
+    sent. Until one such call carried several imports, again with a new worker
+    on the rest of the backlog. Then a live worker and the reconciler finish
+    the rest: every import is applied once or not at all, every 202 final."""
+    server, system = _start(make_redis, make_faulty, workers=0)
+    preload_scripts(server.client())
+    driver = Driver(system, 1200, threads=8, seed=8).start()
+    driver.join()
+    admin = server.client()
+    completed = f"{system.prefix}jobs:completed"
+    caught: list[int] = []
+    for _ in range(4):
+        before = admin.zcard(completed)
+        monitor = TimedMonitor(server.url, system.prefix)
+        try:
+            worker = system.start_worker(threads=4, prefetch=64)
+            wait_for(lambda: admin.zcard(completed) >= before + 20, 30, 0.005, message="the worker draining")
+            server.sigstop()
+            time.sleep(0.5)  # every worker thread sends its call and waits for the answer
+            worker.kill()
+            resumed = time.time()
+            server.sigcont()
+            time.sleep(1.0)  # Redis runs what the dead worker had sent (no worker runs now)
+        finally:
+            lines = monitor.stop()
+        caught = [n for at, command in lines if at >= resumed and (n := _imports_per_call(command)) > 1]
+        if caught or admin.zcard(completed) > len(driver.posts) - 200:
+            break
+    assert caught, "no call of several imports was in flight when the worker was killed: the scenario tested nothing"
+    print(f"[faults] calls in flight at the kill, run by Redis after it: {caught} imports each")
+    system.start_worker()
+    fault_over = time.monotonic()
+    report = check_invariants(system, server.url, driver, fault_over=fault_over, bound=BOUND)
+    assert report.completed == len(driver.accepted()), report
+
+
+def test_worker_sigkill_mid_drain_with_imports_fetched_together(make_redis: Any, make_faulty: Any) -> None:
+    """The other side: a worker SIGKILLed while it drains a backlog several
+    imports per call, Redis running on. The calls it had not sent yet die with
+    it (its fetched messages stay in its acks sets); another worker and the
+    reconciler run them: every import is applied once, every 202 final."""
+    server, system = _start(make_redis, make_faulty, workers=0)
+    driver = Driver(system, 1200, threads=8, seed=9).start()
+    driver.join()
+    admin = server.client()
+    completed = f"{system.prefix}jobs:completed"
+    held = 0
+    for _ in range(4):  # until the kill found the worker holding messages (it drains fast)
+        before = admin.zcard(completed)
+        worker = system.start_worker(threads=4, prefetch=64)
+        wait_for(lambda: admin.zcard(completed) >= before + 20, 30, 0.002, message="the worker draining")
+        worker.kill()
+        held = sum(admin.scard(key) for key in admin.scan_iter(match=f"{system.prefix}dramatiq:__acks__.*"))
+        if held or admin.zcard(completed) > len(driver.posts) - 200:
+            break
+    assert held > 0, "the killed worker held no message: the scenario tested nothing"
+    print(f"[faults] messages the killed worker held: {held}")
+    system.start_worker()
+    fault_over = time.monotonic()
+    report = check_invariants(system, server.url, driver, fault_over=fault_over, bound=BOUND)
+    assert report.completed == len(driver.accepted()), report
