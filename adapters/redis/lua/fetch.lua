@@ -41,10 +41,10 @@ if ARGV[1] == 'fetch' and max_bytes > 0 then
       local prefix = upload_prefix
       local at = type(job_id) == 'string' and string.find(job_id, '@', 1, true)
       if at and head ~= '' then prefix = head .. string.sub(job_id, at + 1) .. tail end
-      if type(id) == 'string' and type(upload_id) == 'string'
-          and redis.call('STRLEN', prefix .. upload_id) <= max_bytes then
-        local csv = redis.call('GET', prefix .. upload_id)
-        if csv then
+      if type(id) == 'string' and type(upload_id) == 'string' then
+        -- At most max_bytes + 1 bytes of it: one more than the bound tells it is larger (uploads are never empty).
+        local csv = redis.call('GETRANGE', prefix .. upload_id, 0, max_bytes)
+        if csv ~= '' and #csv <= max_bytes then
           ids[#ids + 1] = id
           uploads[#uploads + 1] = csv
           jobs[#jobs + 1] = type(job_id) == 'string' and job_id or ''

@@ -51,9 +51,10 @@ if counted > max_attempts then
   return {'exhausted', attempt}
 end
 
--- Run by start_apply.lua, the worker has the upload already (it came with the message): only whether it is still there matters.
-local csv
-if COMBINED then csv = redis.call('EXISTS', KEYS[8]) == 1 and '' else csv = redis.call('GET', KEYS[8]) end
+-- Run by start_apply.lua, the worker has the upload already: it came with the
+-- message (fetch.lua), and the worker validated and applies those very bytes.
+local csv = ''
+if not COMBINED then csv = redis.call('GET', KEYS[8]) end
 if not csv then
   redis.call('HSET', step.key, 'attempt', attempt)
   mark_failed(step, rec[3], attempt, ARGV[14], 'upload key missing')
