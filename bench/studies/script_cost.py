@@ -229,7 +229,7 @@ def main() -> int:
         if a.segments:
             prof_key = "script-cost:segments"
             bench.client.delete(prof_key)
-            one_round(bench, segmented_source(prof_key), a.n, f"seg-{uuid.uuid4().hex[:6]}")
+            one_round(bench, segmented_source(prof_key), a.n, f"seg-{uuid.uuid4().hex[:6]}", sizes[-1])
             raw = {k.decode(): float(v) for k, v in bench.client.hgetall(prof_key).items()}
             overhead = (raw.pop("1 (one checkpoint)") + raw.pop("2 (one checkpoint)")) / (2 * a.n)
             print(f"\nTime per statement per import (os.clock, less {overhead * 1e6:.2f} µs per checkpoint; "

@@ -134,7 +134,7 @@ local function zadd(key, score, member)
 end
 
 local function del(key)
-  if BATCH then batched('DEL', key, key) else redis.call('DEL', key) end
+  if BATCH then batched('DEL', '', key) else redis.call('DEL', key) end
 end
 
 -- by: a number; HINCRBY (hash fields) and INCRBY (strings, field nil) sum per key and field.
