@@ -36,10 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=commands.cmd_serve)
 
     p = sub.add_parser("worker", help="run dramatiq worker processes")
-    # Defaults measured with bench/: one process per core, 8 threads, and a
-    # prefetch of 64 (dramatiq's 2 x threads starves the threads between fetches).
+    # Defaults measured with bench/ (docs/performance.md): one process per core,
+    # 2 threads, and a prefetch of 64 (dramatiq's 2 x threads starves the threads
+    # between fetches). With the small imports fetched together sharing one
+    # script call, 2 threads drained faster than 4 or 8, at less CPU per import.
     p.add_argument("--processes", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--threads", type=int, default=8)
+    p.add_argument("--threads", type=int, default=2)
     p.add_argument("--prefetch", type=int, default=64, help="messages prefetched per process (0: dramatiq's 2 x threads)")
     p.add_argument("--allow-eviction", action="store_true", help="start even if Redis may evict keys (dangerous)")
     p.add_argument(

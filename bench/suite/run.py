@@ -70,7 +70,7 @@ def parse_args(argv: list[str]) -> Config:
     p.add_argument("--no-peer", action="store_true", help="leave the BullMQ peer out")
     # Defaults = the product's defaults (importer worker / importer serve), chosen from this bench.
     p.add_argument("--processes", type=int, default=os.cpu_count() or 1, help="worker processes (importer worker / dramatiq -p)")
-    p.add_argument("--threads", type=int, default=8, help="worker threads (importer worker / dramatiq -t)")
+    p.add_argument("--threads", type=int, default=2, help="worker threads (importer worker / dramatiq -t; importer worker's default)")
     p.add_argument("--prefetch", type=int, default=64, help="messages prefetched per worker process (0: dramatiq's 2 x threads)")
     p.add_argument("--peer-concurrency", type=int, default=16, help="the peer's Worker concurrency (the seed's 16)")
     p.add_argument("--http-server", choices=("granian", "gunicorn"), default=None,
