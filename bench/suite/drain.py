@@ -165,6 +165,7 @@ def drain_once(b: Bench, n: int, which: str) -> dict[str, float]:
     if queued != n:
         raise BenchError(f"{queued} messages queued instead of {n}")
     before = b.server_stats()
+    rewrites0 = b.client.info("persistence").get("aof_rewrites", 0)
     proc = b.procs.spawn(f"{which}-worker", argv, env)
     cpu: dict[str, float] = {}
 
@@ -182,6 +183,7 @@ def drain_once(b: Bench, n: int, which: str) -> dict[str, float]:
         cpu["server1"] = cpu_seconds(b.server_pid)
         other = load[0].stop() if load else {"other_pct": float("nan"), "steal_pct": float("nan")}
         after = b.server_stats()
+        rewrites = b.client.info("persistence").get("aof_rewrites", 0) - rewrites0
     finally:
         b.procs.stop(proc)
     out = {
@@ -196,6 +198,7 @@ def drain_once(b: Bench, n: int, which: str) -> dict[str, float]:
         "worker_util": (cpu["worker1"] - cpu.get("worker0", 0.0)) / (end - first),
         **other,
         "server_util": (cpu["server1"] - cpu.get("server0", 0.0)) / (end - first),
+        "aof_rewrites": rewrites,
     }
     own_commands = sum(v for k, v in sent.items() if not k.startswith("_")) + 1  # + the first INFO
     out["commands_per"] = (after["commands"] - before["commands"] - own_commands) / n
@@ -277,7 +280,7 @@ def scenario_drain(b: Bench) -> None:
                     f"  {which}: {fig['rate']:,.0f}/s over {fig['seconds']:.2f} s (boot {fig['boot_s']:.2f} s, "
                     f"pre-enqueue {fig['enqueue_s']:.1f} s); worker CPU {fig['worker_cpu_ms']:.3f} ms/msg "
                     f"({fig['worker_util'] * 100:.0f}% of a core), Redis {fig['server_cpu_us']:.0f} µs/msg "
-                    f"({fig['server_util'] * 100:.0f}%), others {fig['other_pct']:.0f}%; {fig['commands_per']:.1f} cmds, "
+                    f"({fig['server_util'] * 100:.0f}%, AOF rewrites {fig['aof_rewrites']}), others {fig['other_pct']:.0f}%; {fig['commands_per']:.1f} cmds, "
                     f"{fig['evalsha_per']:.2f} EVALSHA, {fig['reads_per']:.2f} reads per message"
                     + (f"; records span {fig['records_rate']:,.0f}/s" if "records_rate" in fig else "")
                 )
