@@ -68,10 +68,11 @@
 -- apply follows in the same call, the apply gets the start's clock and token.
 local COMBINED = nil
 
--- Milliseconds from the server's clock (TIME is allowed in scripts since
--- Redis 5, which replicates effects rather than scripts).
 local BATCH = nil  -- set by start_apply.lua for the imports of one call: see "Batched writes" below
 
+-- Milliseconds from the server's clock (TIME is allowed in scripts since
+-- Redis 5, which replicates effects rather than scripts); in a batch, the one
+-- clock its call read.
 local function server_ms()
   if BATCH then return BATCH.now end
   local t = redis.call('TIME')
@@ -114,7 +115,8 @@ end
 -- in a call at most once), so making them later in the same atomic call
 -- changes nothing anyone can see. Run on its own (BATCH nil), every helper
 -- writes at once.
-local function batched(command, key, ...)
+-- value2: ZADD's member after its score, nil for the others.
+local function batched(command, key, value, value2)
   local groups = BATCH.groups
   local group = groups[command .. ' ' .. key]
   if not group then
@@ -122,7 +124,8 @@ local function batched(command, key, ...)
     groups[command .. ' ' .. key] = group
     groups[#groups + 1] = group
   end
-  for _, value in ipairs({...}) do group[#group + 1] = value end
+  group[#group + 1] = value
+  if value2 ~= nil then group[#group + 1] = value2 end
 end
 
 local function zrem(key, member)
