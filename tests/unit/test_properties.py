@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import string
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -291,3 +292,55 @@ def test_content_key_of_valid_files_in_any_order_is_the_canonical_hash(
     data = (text + (eol if final_eol else "")).encode()
     assert content_key(data, 100) == content_sha256(rows)
     assert _plain_content_sha256(data, 100) == content_sha256(rows)  # without the full parse
+
+
+@SETTINGS
+@given(st.lists(PLAINISH, max_size=60).map("".join), st.integers(min_value=1, max_value=8))
+def test_the_plain_parse_equals_the_full_parse_on_any_input(text: str, max_rows: int) -> None:
+    """parse_shipment's fast path for small plain files (_plain_rows) reads
+    exactly the rows the line-by-line parse reads, and takes no file that
+    parse would turn down."""
+    from importer.domain import shipment
+
+    data = text.encode()
+    plain = shipment._plain_rows(data, max_rows)
+    if plain is None:
+        return
+    event("plain path taken")
+    full = shipment._parse_lines(data, max_rows)
+    assert isinstance(full, shipment.Shipment), full
+    assert full.rows == plain
+
+
+@SETTINGS
+@given(valid_rows)
+def test_valid_plain_files_take_the_plain_parse(rows: list[Row]) -> None:
+    from importer.domain import shipment
+
+    data = ("sku,quantity\n" + "".join(f"{r.sku},{r.quantity}\n" for r in rows)).encode()
+    if len(data) <= shipment._PLAIN_PARSE_MAX_BYTES:
+        assert shipment._plain_rows(data, 100_000) == tuple(rows)
+    assert parse_shipment(data) == shipment._parse_lines(data, 100_000) == shipment.Shipment(tuple(rows))
+
+
+@pytest.mark.parametrize("data, max_rows", [
+    (b"sku,quantity\nA,1\nB,2\nA,3\n", 10),  # a duplicate SKU
+    (b"sku,quantity\n", 10),  # no rows
+    (b"sku,quantity\nA,01\n", 10),  # a leading zero
+    (b"sku,quantity\nA,1000001\n", 10),  # above the maximum
+    (b"sku,quantity\nA,1\nB,2\nC,3\n", 2),  # more rows than allowed
+    (b"sku,quantity\nA,1", 10),  # no final newline (plain for the full parse, not for the fast path)
+    (b"sku,quantity\r\nA,1\r\n", 10),
+    (b"\xef\xbb\xbfsku,quantity\nA,1\n", 10),
+    (b"sku,quantity\n\nA,1\n", 10),
+    (b'sku,quantity\n"A",1\n', 10),
+])
+def test_the_plain_parse_leaves_every_other_shape_to_the_full_parse(data: bytes, max_rows: int) -> None:
+    from importer.domain import shipment
+
+    assert shipment._plain_rows(data, max_rows) is None
+    got, full = parse_shipment(data, max_rows=max_rows), shipment._parse_lines(data, max_rows)
+    if isinstance(full, CsvInvalid):
+        assert isinstance(got, CsvInvalid) and (got.issues, got.found) == (full.issues, full.found)
+    else:
+        assert got == full
