@@ -28,7 +28,8 @@ from importer.adapters.dramatiq.middleware import AttemptRecorder, CloseConnecti
 from importer.adapters.dramatiq.producer import ImportQueue
 from importer.adapters.dramatiq.rabbitmq import BoundedRabbitmqBroker
 from importer.adapters.dramatiq.runner import ImportRunner, declare_import_actor
-from importer.adapters.redis.client import ImporterRedis, ImporterRedisCluster, RedisClient, StoreUnavailable
+from importer.adapters.redis.client import ImporterRedis, ImporterRedisCluster, RedisClient
+from importer.adapters.redis.errors import StoreUnavailable
 from importer.adapters.redis.store import RedisStore
 from importer.adapters.settings import Settings, SettingsError
 from importer.adapters.dramatiq.presence import WorkerPresence

@@ -160,6 +160,10 @@ class Settings:
     #: process fetched together run in one script call (each with its own
     #: outcome); 1 = one call per import. See docs/performance.md.
     apply_together_max: int = 16
+    #: 1: the enqueue calls that threads of one HTTP process make at the same
+    #: time share one Redis round trip (each its own script run and answer);
+    #: 0 = one round trip per POST. See docs/reliability.md.
+    share_round_trips: int = 1
     accepted_versions: frozenset[int] = field(default_factory=lambda: frozenset({CURRENT_VERSION}))
     producer_version: int = CURRENT_VERSION
     keep_completed_age_s: int = 3600
@@ -234,6 +238,7 @@ class Settings:
             max_upload_bytes=_int(env, "IMPORTER_MAX_UPLOAD_BYTES", cls.max_upload_bytes, minimum=1),
             one_step_max_bytes=_int(env, "IMPORTER_ONE_STEP_MAX_BYTES", cls.one_step_max_bytes),
             apply_together_max=_int(env, "IMPORTER_APPLY_TOGETHER_MAX", cls.apply_together_max),
+            share_round_trips=_int(env, "IMPORTER_SHARE_ROUND_TRIPS", cls.share_round_trips),
             accepted_versions=_versions(env, "IMPORTER_ACCEPTED_VERSIONS", frozenset({CURRENT_VERSION})),
             producer_version=_int(env, "IMPORTER_PRODUCER_VERSION", CURRENT_VERSION, minimum=1),
             keep_completed_age_s=_int(env, "IMPORTER_KEEP_COMPLETED_AGE", cls.keep_completed_age_s),
@@ -292,6 +297,8 @@ class Settings:
             raise SettingsError("max_attempts must be >= 1")
         if not 1 <= self.apply_together_max <= 64:
             raise SettingsError("IMPORTER_APPLY_TOGETHER_MAX must be between 1 and 64")
+        if self.share_round_trips not in (0, 1):
+            raise SettingsError("IMPORTER_SHARE_ROUND_TRIPS must be 0 or 1")
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from dramatiq.middleware import Middleware
 
 from importer.adapters.dramatiq import private
 from importer.adapters.logs import log_event
-from importer.adapters.redis.client import StoreUnavailable, store_errors
+from importer.adapters.redis.errors import StoreUnavailable, store_errors
 from importer.adapters.redis.records import members_of
 from importer.adapters.redis.store import RedisStore
 from importer.adapters.settings import Settings

@@ -23,7 +23,7 @@ from typing import Any
 from dramatiq.middleware import Middleware
 
 from importer.adapters.logs import log_event
-from importer.adapters.redis.client import StoreUnavailable
+from importer.adapters.redis.errors import StoreUnavailable
 from importer.adapters.redis.store import RedisStore
 from importer.adapters.settings import Settings
 

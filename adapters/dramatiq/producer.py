@@ -12,7 +12,7 @@ import redis
 from dramatiq.brokers.redis import RedisBroker
 
 from importer.adapters.dramatiq import private
-from importer.adapters.redis.client import StoreUnavailable, unavailable
+from importer.adapters.redis.errors import StoreUnavailable, unavailable
 from importer.adapters.redis.records import OutgoingMessage
 from importer.adapters.settings import Settings
 from importer.domain.contract import encode_message

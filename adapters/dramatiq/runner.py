@@ -14,7 +14,7 @@ from dramatiq.middleware import CurrentMessage
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from importer.adapters.logs import log_event
-from importer.adapters.redis.client import StoreUnavailable
+from importer.adapters.redis.errors import StoreUnavailable
 from importer.adapters.settings import Settings
 from importer.domain.ports import AttemptStore
 from importer.domain.run_import import PermanentImportFailure, Settled, apply_together, run_import

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from importer.adapters.redis.base import RedisStoreBase
-from importer.adapters.redis.client import store_errors
+from importer.adapters.redis.errors import store_errors
 from importer.adapters.redis.records import QueueAck, error_json, report_json, text_of
 from importer.domain.errors import PublicError
 from importer.domain.locations import MAIN

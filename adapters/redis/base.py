@@ -7,7 +7,8 @@ from typing import Any
 
 import redis
 
-from importer.adapters.redis.client import ImporterRedis, ImporterRedisCluster, RedisClient, store_errors
+from importer.adapters.redis.client import ImporterRedis, ImporterRedisCluster, RedisClient
+from importer.adapters.redis.errors import store_errors
 from importer.adapters.redis.keys import Keys
 from importer.adapters.redis.records import MessageWriter, text_of
 from importer.adapters.redis.scripts import SCRIPT_NAMES, lua_source
@@ -60,6 +61,18 @@ class RedisStoreBase:
         script = self._scripts[name]
         if isinstance(self.client, (ImporterRedis, ImporterRedisCluster)):
             return self.client.run_script(script, keys, args)
+        return script(keys=keys, args=args)
+
+    def _script_shared(self, name: str, *, keys: list[Any], args: list[Any]) -> Any:
+        """As :meth:`_script`, for the calls of a request path (a POST's enqueue):
+        such calls from threads of this process that meet share one round trip
+        (ThreadConnections.run_script_shared); a lone call goes at once.
+        IMPORTER_SHARE_ROUND_TRIPS=0: as _script."""
+        if not self.settings.share_round_trips:
+            return self._script(name, keys=keys, args=args)
+        script = self._scripts[name]
+        if isinstance(self.client, (ImporterRedis, ImporterRedisCluster)):
+            return self.client.run_script_shared(script, keys, args)
         return script(keys=keys, args=args)
 
     def _pipelined(self, calls: list[tuple[str, list[Any], list[Any]]]) -> list[Any]:

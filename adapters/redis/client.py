@@ -1,13 +1,12 @@
-"""The Redis client Importer's store and its broker share, and what its errors mean.
+"""The Redis client Importer's store and its broker share.
 
-* :class:`ImporterRedis`: a sick server's refusals (OOM, BUSY, READONLY...)
-  are ConnectionErrors; the store's scripts run on a connection of the
-  calling thread's own (:meth:`ImporterRedis.run_script`), forgotten in a
-  forked child.
-* :func:`store_errors` / :func:`unavailable`: a Redis error that means the
-  store is away or refusing writes becomes :class:`StoreUnavailable` (HTTP
-  answers 503, the attempt is retried); any other error is a bug and stays
-  what it is.
+* :class:`ImporterRedis` (one node) and :class:`ImporterRedisCluster`: a sick
+  server's refusals (OOM, BUSY, READONLY...) are ConnectionErrors
+  (adapters/redis/errors.py says what each error means); the store's scripts
+  run on a connection of the calling thread's own (:meth:`ImporterRedis.run_script`),
+  forgotten in a forked child.
+* :class:`SharedRoundTrips`: the calls of a request path that threads of one
+  process make at the same time share one round trip (run_script_shared).
 """
 
 from __future__ import annotations
@@ -16,88 +15,89 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import redis
+
+from importer.adapters.redis.errors import ClusterUnavailable, NotReplicated, cluster_unavailable, refusal
 
 
 #: The store's client: one node, or a Redis Cluster (IMPORTER_REDIS_CLUSTER).
 RedisClient = redis.Redis | redis.RedisCluster
 
 
-class StoreError(Exception):
-    """Base of the store's errors."""
+class SharedRoundTrips:
+    """Group commit: calls that threads of one process make at the same time
+    share one round trip.
+
+    A caller that finds no round trip on its way leads one at once with its
+    own call (a lone call waits for nobody). Callers that arrive while one is
+    on its way queue; when it ends, the first of them to wake leads the next
+    round trip with every call queued by then. Each caller gets its own reply
+    or error. When no call of a round trip got an answer (a timeout, a lost
+    connection that a resend did not mend), the calls queued behind it fail
+    with it: a call waits at most about one socket timeout. A leader interrupted by a BaseException (not an Exception)
+    raises it; its followers get a ConnectionError, which means "not known
+    to have run" (the store answers 503; a retry of the same call is safe)."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition(threading.Lock())
+        self._queued: list[_SharedCall] = []
+        self._sending = False
+        #: Round trips led and calls they carried (for tests and the bench).
+        self.round_trips = 0
+        self.calls = 0
+
+    def call(self, request: Any, send: Callable[[list[Any]], list[Any]]) -> Any:
+        """``request``'s reply (an exception is returned, not raised): sent by
+        this thread with those queued meanwhile (``send`` gets them all, in
+        order, and returns one reply each), or by another thread's round trip."""
+        mine = _SharedCall(request)
+        with self._changed:
+            self._queued.append(mine)
+            while self._sending and not mine.done:
+                self._changed.wait()
+            if mine.done:
+                return mine.reply
+            self._sending = True
+            batch, self._queued = self._queued, []
+            self.round_trips += 1
+            self.calls += len(batch)
+        replies: list[Any] = []
+        try:
+            replies = send([c.request for c in batch])
+        except Exception as exc:  # noqa: BLE001 - every call of the round trip gets it
+            replies = [exc] * len(batch)
+        except BaseException:
+            replies = [redis.ConnectionError("the round trip was interrupted")] * len(batch)
+            raise
+        finally:
+            with self._changed:
+                for c, reply in zip(batch, replies or [redis.ConnectionError("no reply")] * len(batch)):
+                    c.reply, c.done = reply, True
+                if replies and all(isinstance(r, _AWAY) for r in replies):
+                    # The store did not answer this round trip: the calls queued
+                    # behind it fail now, rather than each wait a timeout more.
+                    for c in self._queued:
+                        c.reply, c.done = redis.ConnectionError("the store did not answer the round trip ahead"), True
+                    self._queued = []
+                self._sending = False
+                self._changed.notify_all()
+        return mine.reply
 
 
-class StoreUnavailable(StoreError):
-    """Redis cannot serve us right now: unreachable, timed out, or refusing
-    writes (out of memory, loading, read-only replica, busy script, master
-    down). Transient: HTTP answers 503, the attempt is retried.
-
-    ``reason`` is ``redis_unreachable`` or ``redis_refuses_writes`` (what
-    /health says)."""
-
-    def __init__(self, detail: str, reason: str = "redis_unreachable") -> None:
-        super().__init__(detail)
-        self.reason = reason
+#: Errors after which a round trip's store is taken as away (timed out, or unreachable even when sent again).
+_AWAY = (redis.TimeoutError, redis.ConnectionError)
 
 
-#: Error replies of a sick server (the first word of the reply). redis-py maps
-#: some to classes (OutOfMemoryError, BusyLoadingError, ReadOnlyError), the
-#: rest arrive as a plain ResponseError, also from inside a Lua script.
-_REFUSING = ("OOM", "BUSY", "LOADING", "READONLY", "MASTERDOWN", "NOREPLICAS", "TRYAGAIN", "CLUSTERDOWN", "MISCONF")
+class _SharedCall:
+    __slots__ = ("request", "reply", "done")
 
-
-def cluster_unavailable(exc: BaseException) -> bool:
-    """A Redis Cluster without a master for a slot (a failover in progress,
-    CLUSTERDOWN), a slot being migrated (TRYAGAIN for a script whose keys are
-    split between the two nodes, until the last is moved: redis-py's
-    ClusterError "TTL exhausted" once its redirections are used up) or no node answering."""
-    if isinstance(exc, (redis.exceptions.ClusterError, redis.exceptions.TryAgainError,
-                        redis.exceptions.SlotNotCoveredError)):
-        return True
-    return isinstance(exc, redis.exceptions.RedisClusterException) and "cannot be connected" in str(exc)
-
-
-def unavailable(exc: BaseException) -> StoreUnavailable | None:
-    """The StoreUnavailable a Redis error means, or None for a real bug (WRONGTYPE, a script error, CROSSSLOT...)."""
-    if isinstance(exc, StoreUnavailable):
-        return exc
-    if cluster_unavailable(exc):
-        return StoreUnavailable(type(exc).__name__)
-    # BusyLoadingError is a ConnectionError in redis-py: test the refusals first.
-    if isinstance(exc, (RedisRefusesWrites, redis.exceptions.OutOfMemoryError, redis.exceptions.BusyLoadingError,
-                        redis.exceptions.ReadOnlyError)):
-        return StoreUnavailable(type(exc).__name__, "redis_refuses_writes")
-    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError)):
-        return StoreUnavailable(type(exc).__name__)
-    if isinstance(exc, redis.ResponseError):
-        text = str(exc)
-        # A script's error reads "... script: ...: OOM command not allowed ..." on some versions.
-        first = text.split(" ", 1)[0].upper()
-        if first in _REFUSING or "OOM command not allowed" in text or "MASTERDOWN" in text:
-            return StoreUnavailable(first, "redis_refuses_writes")
-    return None
-
-
-class RedisRefusesWrites(redis.ConnectionError):
-    """A Redis that answers but refuses the command (OOM, BUSY, READONLY...), as a ConnectionError.
-
-    dramatiq's consumer thread survives a ConnectionError (it reconnects a
-    second later) but dies on any other Redis error raised while it cleans up:
-    after an OOM episode a worker silently stopped fetching for good (seen in
-    tests/faults, test_redis_full_then_freed). Raised by :class:`ImporterRedis`.
-    """
-
-
-def _refusal(exc: redis.ResponseError) -> BaseException:
-    """A sick server's refusal as RedisRefusesWrites; any other error reply as it is."""
-    translated = unavailable(exc)
-    if translated is not None and translated.reason == "redis_refuses_writes":
-        return RedisRefusesWrites(str(exc))
-    return exc
+    def __init__(self, request: Any) -> None:
+        self.request = request
+        self.reply: Any = None
+        self.done = False
 
 
 class ThreadConnections:
@@ -112,6 +112,8 @@ class ThreadConnections:
         self._own_connections: list[Any] = []
         #: node name -> (replicas online, monotonic time asked): wait_replicated's.
         self._replica_counts: dict[str, tuple[int, float]] = {}
+        #: node name -> the round trips its calls share (run_script_shared).
+        self._sharing: dict[str, SharedRoundTrips] = {}
         _FORKED_CLIENTS.add(self)
 
     def _own_connection(self, name: str, pool: Any) -> Any:
@@ -182,6 +184,58 @@ class ThreadConnections:
         """The name of the node that holds ``key`` (one per node) and its connection pool."""
         raise NotImplementedError
 
+    def run_script(self, script: Any, keys: list[Any], args: list[Any]) -> Any:
+        raise NotImplementedError
+
+    def run_script_shared(self, script: Any, keys: list[Any], args: list[Any]) -> Any:
+        """As :meth:`run_script`, but calls that several threads of this process
+        make at the same time to the same node share one round trip (group
+        commit: :class:`SharedRoundTrips`). Each call keeps its own script run,
+        reply and error; a lone call is sent at once, as run_script sends it."""
+        first = keys[0] if isinstance(keys[0], str) else keys[0].decode()
+        name, pool = self._master_of(first)
+        sharing = self._sharing.get(name)
+        if sharing is None:
+            with self._own_lock:
+                sharing = self._sharing.setdefault(name, SharedRoundTrips())
+        reply = sharing.call((script, keys, args), lambda calls: self._send_together(name, pool, calls))
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
+    def _send_together(self, name: str, pool: Any, calls: list[tuple[Any, list[Any], list[Any]]]) -> list[Any]:
+        """Several script calls pipelined on this thread's connection to one
+        node: one reply (or error) per call, in order. A call the node did
+        not run (a script it does not know; on a cluster, a redirection) and
+        every call of a round trip whose connection broke are sent again on
+        their own by run_script, whose rules (one resend on a lost connection,
+        redis-py's way for the rest) then apply; a timeout is never sent again."""
+        if len(calls) == 1:
+            script, keys, args = calls[0]
+            try:
+                return [self.run_script(script, keys, args)]
+            except Exception as exc:  # noqa: BLE001 - handed to its caller, who raises it
+                return [exc]
+        connection = self._own_connection(name, pool)
+        commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for script, keys, args in calls]
+        try:
+            replies = self._exchange(connection, commands)
+        except redis.TimeoutError as exc:
+            return [exc] * len(calls)
+        except redis.ConnectionError:
+            replies = [None] * len(calls)  # each sent again on its own below
+        out: list[Any] = []
+        for (script, keys, args), reply in zip(calls, replies):
+            if reply is None or isinstance(reply, _NOT_RUN):
+                try:
+                    reply = self.run_script(script, keys, args)
+                except Exception as exc:  # noqa: BLE001
+                    reply = exc
+            elif isinstance(reply, redis.ResponseError):
+                reply = refusal(reply)
+            out.append(reply)
+        return out
+
     def _close_own(self) -> None:
         """Closes every thread's own connection (after the threads stopped calling)."""
         with self._own_lock:
@@ -193,6 +247,7 @@ class ThreadConnections:
         self._own = threading.local()
         self._own_lock = threading.Lock()
         self._own_connections = []
+        self._sharing = {}
 
 
 class ImporterRedis(ThreadConnections, redis.Redis):
@@ -209,7 +264,7 @@ class ImporterRedis(ThreadConnections, redis.Redis):
         try:
             return super().execute_command(*args, **options)
         except redis.ResponseError as exc:
-            refused = _refusal(exc)
+            refused = refusal(exc)
             if refused is exc:
                 raise
             raise refused from exc
@@ -236,7 +291,7 @@ class ImporterRedis(ThreadConnections, redis.Redis):
             except redis.ConnectionError:
                 return self._send_script(connection, script, keys, args)  # reconnects
         except redis.ResponseError as exc:
-            refused = _refusal(exc)
+            refused = refusal(exc)
             if refused is exc:
                 raise
             raise refused from exc
@@ -300,7 +355,7 @@ class ImporterRedisCluster(ThreadConnections, redis.RedisCluster):
                 raise ClusterUnavailable(f"{type(exc).__name__}: {exc}") from exc
             if not isinstance(exc, redis.ResponseError):
                 raise
-            refused = _refusal(exc)
+            refused = refusal(exc)
             if refused is exc:
                 raise
             raise refused from exc
@@ -329,7 +384,7 @@ class ImporterRedisCluster(ThreadConnections, redis.RedisCluster):
         except redis.ConnectionError:
             pass  # closed by redis-py; sent again once, as ImporterRedis does (the scripts are safe to run again)
         except redis.ResponseError as exc:
-            refused = _refusal(exc)  # an error reply, read whole: the connection is in step
+            refused = refusal(exc)  # an error reply, read whole: the connection is in step
             if refused is exc:
                 raise
             raise refused from exc
@@ -352,14 +407,6 @@ _NOT_RUN = (
 )
 
 
-class NotReplicated(redis.ConnectionError):
-    """Fewer replicas than IMPORTER_REDIS_WAIT_REPLICAS acknowledged a write in time (or the node is no master now)."""
-
-
-class ClusterUnavailable(redis.ConnectionError):
-    """A Redis Cluster that cannot serve a slot now (failover, CLUSTERDOWN, TRYAGAIN, no node answering)."""
-
-
 _FORKED_CLIENTS: "weakref.WeakSet[ThreadConnections]" = weakref.WeakSet()
 
 
@@ -369,15 +416,3 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-@contextmanager
-def store_errors() -> Iterator[None]:
-    """Redis errors that mean "the store is sick" raised as StoreUnavailable."""
-    try:
-        yield
-    except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
-        translated = unavailable(exc)
-        if translated is None:
-            raise
-        raise translated from exc

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from importer.adapters.redis.base import RedisStoreBase
-from importer.adapters.redis.client import store_errors
+from importer.adapters.redis.errors import store_errors
 from importer.adapters.redis.records import (
     bytes_of, event_dict, job_record, json_or_none, rejection_report, scored_members, shipment_record, text_of,
     xread_entries,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from importer.adapters.redis.base import RedisStoreBase
-from importer.adapters.redis.client import ThreadConnections, store_errors
+from importer.adapters.redis.client import ThreadConnections
+from importer.adapters.redis.errors import store_errors
 from importer.adapters.redis.keys import Keys
 from importer.adapters.redis.records import bytes_of, parse_versions, text_of
 from importer.domain.jobs import JobState
@@ -15,7 +16,8 @@ from importer.domain.shipment import batch_id_of
 
 
 class JobRecorder(RedisStoreBase):
-    """Implements :class:`importer.domain.ports.JobRecorder` (enqueue.lua, one round trip per POST)
+    """Implements :class:`importer.domain.ports.JobRecorder` (enqueue.lua, one round trip per POST, shared
+    with the POSTs of other threads of the process that meet it)
     and :class:`importer.domain.ports.RetryStore` (retry.lua)."""
 
 
@@ -50,7 +52,7 @@ class JobRecorder(RedisStoreBase):
             keys += [message.queue_key, message.messages_key, k.deadline]
             args += [message.redis_message_id, message.data, int(s.waiting_grace_s * 1000)]
         with store_errors():
-            reply = self._script("enqueue", keys=keys, args=args)
+            reply = self._script_shared("enqueue", keys=keys, args=args)
         kind = text_of(reply[0])
         if kind in ("created", "exists"):
             self._replicated(k)
@@ -80,7 +82,7 @@ class JobRecorder(RedisStoreBase):
         check and the locations registries; None when the POST may go on."""
         k, s = self.keys, self.settings
         with store_errors():
-            reply = self._script("admit",
+            reply = self._script_shared("admit",
                 keys=[
                     k.rate(owner, now // window_ms), k.workers, k.workers_accepts,
                     k.workers_accepting(s.producer_version), k.locations, k.owner_locations(owner),

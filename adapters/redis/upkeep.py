@@ -7,7 +7,7 @@ from typing import Any
 
 from importer.adapters.logs import log_event
 from importer.adapters.redis.base import RedisStoreBase
-from importer.adapters.redis.client import StoreUnavailable, store_errors
+from importer.adapters.redis.errors import StoreUnavailable, store_errors
 from importer.adapters.redis.keys import Keys
 from importer.adapters.settings import Settings
 from importer.adapters.redis.records import QueueStats, error_json, format_versions, parse_versions, text_of

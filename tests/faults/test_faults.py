@@ -11,6 +11,7 @@ import json
 import signal
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -285,12 +286,14 @@ def test_stale_attempt_resumed_after_retry_finished(make_redis: Any, make_faulty
 
 
 class TimedMonitor:
-    """MONITOR's lines that name this system's keys, each with the server's time of running it."""
+    """MONITOR's lines that name this system's keys, each with the server's time
+    of running it (and in ``clients``, the client connection that sent it)."""
 
     def __init__(self, url: str, prefix: str) -> None:
         self.client = redis.Redis.from_url(url)
         self.prefix = prefix
         self.lines: list[tuple[float, str]] = []
+        self.clients: list[str] = []
         self._stop = threading.Event()
         ready = threading.Event()
 
@@ -300,6 +303,7 @@ class TimedMonitor:
                 for cmd in m.listen():
                     if self.prefix in cmd["command"]:
                         self.lines.append((float(cmd["time"]), cmd["command"]))
+                        self.clients.append(f"{cmd.get('client_address')}:{cmd.get('client_port')}")
                     if self._stop.is_set():
                         break
 
@@ -385,4 +389,53 @@ def test_worker_sigkill_mid_drain_with_imports_fetched_together(make_redis: Any,
     system.start_worker()
     fault_over = time.monotonic()
     report = check_invariants(system, server.url, driver, fault_over=fault_over, bound=BOUND)
+    assert report.completed == len(driver.accepted()), report
+
+
+# -- group commit: an HTTP process killed with a batch of POSTs in flight ----------
+
+
+def test_http_sigkill_with_a_batch_of_posts_in_flight(make_redis: Any, make_faulty: Any) -> None:
+    """POSTs from 12 driver threads into two HTTP processes, whose threads
+    share round trips for the enqueue calls that meet. Redis is SIGSTOPped,
+    so the round trips on their way wait in flight (sent, unanswered), and an
+    HTTP process is SIGKILLed; then Redis resumes and runs what the dead
+    process had sent, its POSTs' clients having lost their answers. Until one
+    such round trip carried several POSTs' calls, again with a new HTTP
+    process. The clients retry their cut POSTs with the same batchId: every
+    import is applied once, every 202 final."""
+    server, system = _start(make_redis, make_faulty)
+    preload_scripts(server.client())
+    driver = Driver(system, 1500, threads=12, seed=10).start()
+    enqueue = script_sha("enqueue")
+    caught: list[int] = []
+    for _ in range(6):
+        accepted = len(driver.accepted())
+        wait_for(lambda: len(driver.accepted()) >= accepted + 30, 60, 0.01, message="POSTs answered")
+        monitor = TimedMonitor(server.url, system.prefix)
+        try:
+            server.sigstop()
+            time.sleep(0.5)  # every HTTP thread sends its round trip, or queues behind one
+            http = next(p for p in reversed(system.procs) if p.name == "http" and p.popen.poll() is None)
+            http.kill()
+            http.popen.wait(10)
+            resumed = time.time()
+            server.sigcont()
+            time.sleep(1.0)  # Redis runs what the dead process had sent
+        finally:
+            monitor.stop()
+        system.start_http(workers=2)
+        per_connection = Counter(
+            client for (at, command), client in zip(monitor.lines, monitor.clients)
+            if at >= resumed and command.split()[:2] == ["EVALSHA", enqueue]
+        )
+        caught = sorted(n for n in per_connection.values() if n > 1)
+        if caught or len(driver.accepted()) > len(driver.posts) - 200:
+            break
+    assert caught, "no round trip of several POSTs was in flight when the HTTP process was killed: it tested nothing"
+    print(f"[faults] round trips in flight at the kill, run by Redis after it: {caught} POSTs each")
+    fault_over = time.monotonic()
+    driver.join()
+    report = check_invariants(system, server.url, driver, fault_over=fault_over, bound=BOUND)
+    assert 0 in report.statuses, "no POST met the killed HTTP process: the scenario tested nothing"
     assert report.completed == len(driver.accepted()), report

@@ -193,7 +193,9 @@ class System:
         assert proc.popen.poll() is None, proc.log()
         return proc
 
-    def start_http(self, *, workers: int = 1, server: str = "granian", sick: str = "", **env: str) -> Proc:
+    def start_http(
+        self, *, workers: int = 1, server: str = "granian", sick: str = "", threads: int | None = None, **env: str
+    ) -> Proc:
         """`importer serve` (granian, or `--server gunicorn`), or the same app under waitress.
         Ready when /health answers 200, or with ``sick`` when it answers 503 with that
         reason (a dependency made sick on purpose, e.g. ``broker_unreachable``)."""
@@ -205,6 +207,8 @@ class System:
             )
         else:
             argv = ["serve", "--server", server, "--bind", f"127.0.0.1:{port}", "--workers", str(workers)]
+            if threads is not None:
+                argv += ["--threads", str(threads)]
             proc = self._spawn("http", argv, {**self.env, **env})
         self.base_url = f"http://127.0.0.1:{port}"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from importer.adapters.redis.client import StoreUnavailable, store_errors, unavailable
+from importer.adapters.redis.errors import StoreUnavailable, store_errors, unavailable
 
 
 @pytest.mark.parametrize(
@@ -45,7 +45,8 @@ def test_a_bug_is_not_unavailable(error: Exception) -> None:
 def test_the_client_raises_a_refusal_as_a_connection_error_so_dramatiq_survives_it() -> None:
     import redis
 
-    from importer.adapters.redis.client import ImporterRedis, RedisRefusesWrites, unavailable
+    from importer.adapters.redis.client import ImporterRedis
+    from importer.adapters.redis.errors import RedisRefusesWrites, unavailable
 
     class Refusing(ImporterRedis):
         def _execute_command(self, *args: object, **options: object) -> object:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from importer.adapters.redis.client import StoreUnavailable
+from importer.adapters.redis.errors import StoreUnavailable
 from importer.adapters.settings import Settings
 from importer.adapters.dramatiq.presence import WorkerPresence, new_worker_id
 
