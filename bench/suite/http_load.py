@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 
 FIELD = {"importer": "imp", "peer": "peer", "bare": "base"}
 FLOOR = "bare WSGI app + one EVALSHA like enqueue.lua's, granian, same processes × threads"
+UNSHARED = "Importer with IMPORTER_SHARE_ROUND_TRIPS=0: one Redis round trip per POST"
+#: Seconds of the one-client run (wrk -t1 -c1) after each subject's main run, on the same server.
+SINGLE_S = 3
+SINGLE = ("importer", "unshared", "peer")
 
 
 def find_wrk(b: Bench) -> str | None:
@@ -80,6 +84,8 @@ def parse_wrk(text: str) -> dict[str, float]:
 def start(b: Bench, which: str, prefix: str) -> tuple[Proc, int]:
     if which == "importer":
         return b.start_serve(b.importer_env(prefix))
+    if which == "unshared":
+        return b.start_serve(dict(b.importer_env(prefix), IMPORTER_SHARE_ROUND_TRIPS="0"))
     if which == "peer":
         assert b.peer is not None
         return b.peer.start_server(prefix[:-1])
@@ -90,7 +96,7 @@ def start(b: Bench, which: str, prefix: str) -> tuple[Proc, int]:
 
 def jobs_created(b: Bench, which: str, prefix: str) -> str:
     assert b.client is not None
-    if which == "importer":
+    if which in ("importer", "unshared"):
         return f", {b.client.zcard(Keys(prefix).waiting):,} jobs waiting in Redis (incl. warm-up)"
     if which == "peer" and b.peer is not None:
         return f", {b.client.llen(b.peer.key(prefix[:-1], 'wait')):,} jobs waiting in Redis (incl. warm-up)"
@@ -110,16 +116,23 @@ def scenario_http(b: Bench) -> None:
     # Importer's p99 is its own work and how much the server model's.
     floor_rps = res.row("2. HTTP enqueue", "req/s, beside the floor of the threaded design", "/s", base_label=FLOOR)
     floor_p99 = res.row("2. HTTP enqueue", "latency p99, beside the floor of the threaded design", "ms", base_label=FLOOR)
+    # Group commit on the HTTP side, before/after in the same run: the same server with each POST
+    # its own round trip; and the latency of one client alone (a lone POST must not wait for company).
+    unshared_rps = res.row("2. HTTP enqueue", "req/s, beside one round trip per POST", "/s", base_label=UNSHARED)
+    unshared_p99 = res.row("2. HTTP enqueue", "latency p99, beside one round trip per POST", "ms", base_label=UNSHARED)
+    single_p50 = res.row("2. HTTP enqueue", f"one client alone (wrk -t1 -c1 {SINGLE_S}s): latency p50", "ms", base_label=UNSHARED)
+    single_rps = res.row("2. HTTP enqueue", f"one client alone (wrk -t1 -c1 {SINGLE_S}s): req/s", "/s", base_label=UNSHARED)
     # Importer's and the peer's figures are those of the rows above (the same lists); only the baseline differs.
     floor_rps.imp, floor_rps.peer, floor_p99.imp, floor_p99.peer = rps.imp, rps.peer, p99.imp, p99.peer
+    unshared_rps.imp, unshared_rps.peer, unshared_p99.imp, unshared_p99.peer = rps.imp, rps.peer, p99.imp, p99.peer
     b.wrk = find_wrk(b)
     if not b.wrk:
-        for r in (rps, p50, p99, floor_rps, floor_p99):
+        for r in (rps, p50, p99, floor_rps, floor_p99, unshared_rps, unshared_p99, single_p50, single_rps):
             r.note = "skipped (wrk not found)"
         log(b.wrk_note)
         res.notes.append(b.wrk_note)
         return
-    subjects = ("importer", "peer", "floor", "bare") if b.peer is not None else ("importer", "floor", "bare")
+    subjects = ("importer", "unshared", "peer", "floor", "bare") if b.peer is not None else ("importer", "unshared", "floor", "bare")
     for rep in range(c.repeat):
         for which in subjects:
             log(f"http rep {rep + 1}/{c.repeat}: {which}")
@@ -135,6 +148,7 @@ def scenario_http(b: Bench) -> None:
                 load = OtherLoad(lambda: [os.getpid(), b.server_pid, served.popen.pid])
                 fig = run_wrk(b, port, c.duration, run_id)
                 fig.update(load.stop())
+                alone = run_wrk(b, port, SINGLE_S, run_id + "s", threads=1, connections=1) if which in SINGLE else None
                 spent = [cpu_seconds(w) - c0 for w, c0 in zip(workers, cpu0)]
                 split = "/".join(f"{x:.1f}" for x in spent)
                 imbalance = max(spent) / sum(spent) if len(spent) > 1 and sum(spent) > 0 else 0.0
@@ -148,19 +162,27 @@ def scenario_http(b: Bench) -> None:
                 if proc is not None:
                     b.procs.stop(proc)
                 b.flush()
+            if alone is not None:
+                field = "base" if which == "unshared" else FIELD[which]
+                getattr(single_p50, field).append(alone["p50_ms"])
+                getattr(single_rps, field).append(alone["rps"])
             if which == "floor":
                 floor_rps.base.append(fig["rps"])
                 floor_p99.base.append(fig["p99_ms"])
+            elif which == "unshared":
+                unshared_rps.base.append(fig["rps"])
+                unshared_p99.base.append(fig["p99_ms"])
             else:
                 target = FIELD[which]
                 getattr(rps, target).append(fig["rps"])
                 getattr(p50, target).append(fig["p50_ms"])
                 getattr(p99, target).append(fig["p99_ms"])
+            single = f"; one client alone: p50 {alone['p50_ms']:.2f} ms, {alone['rps']:,.0f} req/s" if alone else ""
             msg = (
                 f"{which}: {fig['rps']:,.0f} req/s, p50 {fig['p50_ms']:.2f} ms, p99 {fig['p99_ms']:.2f} ms, "
                 f"{int(fig['requests']):,} requests, non-2xx {int(fig['non2xx'])}, socket errors {int(fig['socket_errors'])}{created}; "
                 f"CPU s of each server process {split}; other processes on the machine {fig['other_pct']:.0f}% of a core "
-                f"(steal {fig['steal_pct']:.0f}%)"
+                f"(steal {fig['steal_pct']:.0f}%){single}"
             )
             log("  " + msg)
             res.details.append(f"HTTP rep {rep + 1} {msg}")
