@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from tests.faults.harness import FAULT_ENV, Driver, check_invariants, csv_for, documented_bound, preload_scripts, script_sha
-from tests.integration.support import wait_for
+from tests.integration.support import Monitor, wait_for
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 
@@ -285,39 +285,6 @@ def test_stale_attempt_resumed_after_retry_finished(make_redis: Any, make_faulty
 # -- group commit: a worker killed with a batch of imports in flight ------------------
 
 
-class TimedMonitor:
-    """MONITOR's lines that name this system's keys, each with the server's time
-    of running it (and in ``clients``, the client connection that sent it)."""
-
-    def __init__(self, url: str, prefix: str) -> None:
-        self.client = redis.Redis.from_url(url)
-        self.prefix = prefix
-        self.lines: list[tuple[float, str]] = []
-        self.clients: list[str] = []
-        self._stop = threading.Event()
-        ready = threading.Event()
-
-        def run() -> None:
-            with self.client.monitor() as m:
-                ready.set()
-                for cmd in m.listen():
-                    if self.prefix in cmd["command"]:
-                        self.lines.append((float(cmd["time"]), cmd["command"]))
-                        self.clients.append(f"{cmd.get('client_address')}:{cmd.get('client_port')}")
-                    if self._stop.is_set():
-                        break
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-        assert ready.wait(10)
-
-    def stop(self) -> list[tuple[float, str]]:
-        self._stop.set()
-        self.client.ping()  # one more line for the listener to notice
-        self._thread.join(10)
-        return self.lines
-
-
 def _imports_per_call(command: str) -> int:
     """How many imports a start_apply.lua call carries (its KEYS: 16 shared, 5 per import), 0 for another command."""
     words = command.split()
@@ -342,7 +309,7 @@ def test_worker_sigkill_with_a_batch_of_imports_in_flight(make_redis: Any, make_
     caught: list[int] = []
     for _ in range(4):
         before = admin.zcard(completed)
-        monitor = TimedMonitor(server.url, system.prefix)
+        monitor = Monitor(server.url, system.prefix)
         try:
             worker = system.start_worker(threads=4, prefetch=64)
             wait_for(lambda: admin.zcard(completed) >= before + 20, 30, 0.005, message="the worker draining")
@@ -354,7 +321,7 @@ def test_worker_sigkill_with_a_batch_of_imports_in_flight(make_redis: Any, make_
             time.sleep(1.0)  # Redis runs what the dead worker had sent (no worker runs now)
         finally:
             lines = monitor.stop()
-        caught = [n for at, command in lines if at >= resumed and (n := _imports_per_call(command)) > 1]
+        caught = [n for line in lines if line.time >= resumed and (n := _imports_per_call(line.command)) > 1]
         if caught or admin.zcard(completed) > len(driver.posts) - 200:
             break
     assert caught, "no call of several imports was in flight when the worker was killed: the scenario tested nothing"
@@ -412,7 +379,7 @@ def test_http_sigkill_with_a_batch_of_posts_in_flight(make_redis: Any, make_faul
     for _ in range(6):
         accepted = len(driver.accepted())
         wait_for(lambda: len(driver.accepted()) >= accepted + 30, 60, 0.01, message="POSTs answered")
-        monitor = TimedMonitor(server.url, system.prefix)
+        monitor = Monitor(server.url, system.prefix)
         try:
             server.sigstop()
             time.sleep(0.5)  # every HTTP thread sends its round trip, or queues behind one
@@ -423,11 +390,10 @@ def test_http_sigkill_with_a_batch_of_posts_in_flight(make_redis: Any, make_faul
             server.sigcont()
             time.sleep(1.0)  # Redis runs what the dead process had sent
         finally:
-            monitor.stop()
+            lines = monitor.stop()
         system.start_http(workers=2)
         per_connection = Counter(
-            client for (at, command), client in zip(monitor.lines, monitor.clients)
-            if at >= resumed and command.split()[:2] == ["EVALSHA", enqueue]
+            line.client for line in lines if line.time >= resumed and line.command.split()[:2] == ["EVALSHA", enqueue]
         )
         caught = sorted(n for n in per_connection.values() if n > 1)
         if caught or len(driver.accepted()) > len(driver.posts) - 200:

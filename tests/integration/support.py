@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -103,6 +104,46 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.kill()
         return self.popen.returncode
+
+
+@dataclass(frozen=True)
+class MonitorLine:
+    time: float  # the server's time of running the command
+    client: str  # address:port of the connection that sent it
+    command: str
+
+
+class Monitor:
+    """MONITOR's lines that contain ``marker``, from a thread, until :meth:`stop`,
+    which returns every such line the server ran before it was called."""
+
+    def __init__(self, url: str, marker: str) -> None:
+        self.client = redis.Redis.from_url(url)
+        self.lines: list[MonitorLine] = []
+        self._token = uuid.uuid4().hex
+        ready = threading.Event()
+
+        def run() -> None:
+            with self.client.monitor() as m:
+                ready.set()
+                for cmd in m.listen():
+                    if self._token in cmd["command"]:
+                        break  # stop()'s own marker: every command before it has been seen
+                    if marker in cmd["command"]:
+                        address = f"{cmd.get('client_address')}:{cmd.get('client_port')}"
+                        self.lines.append(MonitorLine(float(cmd["time"]), address, cmd["command"]))
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        assert ready.wait(10)
+
+    def stop(self) -> list[MonitorLine]:
+        try:
+            self.client.echo(self._token)
+        finally:
+            self._thread.join(10)
+            self.client.close()
+        return self.lines
 
 
 class Headers(dict[str, str]):

@@ -20,7 +20,7 @@ import redis
 
 from importer.adapters.redis.client import ImporterRedis
 from tests.faults.harness import script_sha
-from tests.integration.support import FIXTURES, System
+from tests.integration.support import FIXTURES, Monitor, System
 
 pytestmark = pytest.mark.integration
 
@@ -28,40 +28,27 @@ pytestmark = pytest.mark.integration
 ECHO_OR_FAIL = "if ARGV[1] == 'fail' then return redis.error_reply('ERR asked to fail') end return ARGV[1]"
 
 
-class Monitor:
-    """MONITOR's lines that contain ``marker``, as (client address, command)."""
-
-    def __init__(self, url: str, marker: str) -> None:
-        self.client = redis.Redis.from_url(url)
-        self.lines: list[tuple[str, str]] = []
-        self._token = uuid.uuid4().hex
-        ready = threading.Event()
-
-        def run() -> None:
-            with self.client.monitor() as m:
-                ready.set()
-                for cmd in m.listen():
-                    if self._token in cmd["command"]:
-                        break  # every command run before stop() has been seen
-                    if marker in cmd["command"]:
-                        self.lines.append((f"{cmd.get('client_address')}:{cmd.get('client_port')}", cmd["command"]))
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-        assert ready.wait(10)
-
-    def stop(self) -> list[tuple[str, str]]:
-        self.client.echo(self._token)
-        self._thread.join(10)
-        self.client.close()
-        return self.lines
-
-
 def held(url: str, ms: int) -> None:
     """Holds every client of the server for ``ms`` (CLIENT PAUSE ALL)."""
     admin = redis.Redis.from_url(url)
     admin.execute_command("CLIENT", "PAUSE", ms, "ALL")
     admin.close()
+
+
+def meeting(url: str, held_ms: int, call: Any, args: list[Any], *, gap: float = 0.01,
+            meanwhile: Any = None, timeout: float = 10) -> None:
+    """``call(arg)`` for each arg from threads started ``gap`` apart while the
+    server is held: the first is sent at once and waits in Redis, the others
+    meet behind it. ``meanwhile()`` runs once they are all started."""
+    held(url, held_ms)
+    threads = [threading.Thread(target=call, args=(arg,)) for arg in args]
+    for t in threads:
+        t.start()
+        time.sleep(gap)
+    if meanwhile is not None:
+        meanwhile()
+    for t in threads:
+        t.join(timeout)
 
 
 def test_calls_that_meet_share_a_round_trip_each_with_its_own_reply(redis_url: str) -> None:
@@ -79,20 +66,14 @@ def test_calls_that_meet_share_a_round_trip_each_with_its_own_reply(redis_url: s
             replies[n] = exc
 
     try:
-        held(redis_url, 400)
-        threads = [threading.Thread(target=call, args=(n,)) for n in range(8)]
-        for t in threads:
-            t.start()
-            time.sleep(0.01)  # the first one leads at once; the others queue behind it
-        for t in threads:
-            t.join(10)
+        meeting(redis_url, 400, call, list(range(8)))
     finally:
         lines = monitor.stop()
         client.close()
 
     assert {n: r for n, r in replies.items() if n != 5} == {n: f"{marker}-{n}".encode() for n in range(8) if n != 5}
     assert isinstance(replies[5], redis.ResponseError) and "asked to fail" in str(replies[5])
-    per_connection = Counter(address for address, command in lines if command.startswith("EVALSHA"))
+    per_connection = Counter(line.client for line in lines if line.command.startswith("EVALSHA"))
     assert sum(per_connection.values()) == 8, lines
     # One lone call, then the seven that queued behind it in one round trip.
     assert sorted(per_connection.values()) == [1, 7], per_connection
@@ -122,18 +103,14 @@ def test_a_round_trip_whose_connection_breaks_sends_each_call_again_on_its_own(r
         replies[n] = client.run_script_shared(script, ["k"], [f"v{n}"])
 
     try:
-        held(redis_url, 300)
-        threads = [threading.Thread(target=call, args=(n,)) for n in range(4)]
-        for t in threads:
-            t.start()
-            time.sleep(0.01)
-        # Every connection of this client is cut while the calls wait in Redis or in the queue.
-        time.sleep(0.05)
-        for c in admin.client_list():
-            if c.get("name") == "shared-rt-break":
-                admin.client_kill_filter(_id=c["id"])
-        for t in threads:
-            t.join(10)
+        def cut() -> None:
+            # Every connection of this client is cut while the calls wait in Redis or in the queue.
+            time.sleep(0.05)
+            for c in admin.client_list():
+                if c.get("name") == "shared-rt-break":
+                    admin.client_kill_filter(_id=c["id"])
+
+        meeting(redis_url, 300, call, list(range(4)), meanwhile=cut)
     finally:
         admin.close()
         client.close()
@@ -163,13 +140,7 @@ def test_concurrent_posts_to_importer_serve_share_round_trips(make_system: Any, 
         answers[batch_id] = system.post_csv(batch_id, bodies[batch_id])
 
     try:
-        held(system.redis_url, 500)
-        threads = [threading.Thread(target=post, args=(b,)) for b in bodies]
-        for t in threads:
-            t.start()
-            time.sleep(0.02)
-        for t in threads:
-            t.join(30)
+        meeting(system.redis_url, 500, post, list(bodies), gap=0.02, timeout=30)
     finally:
         lines = monitor.stop()
 
@@ -179,7 +150,7 @@ def test_concurrent_posts_to_importer_serve_share_round_trips(make_system: Any, 
     assert answers["known"][0] == 409 and answers["known"][1]["code"] == "batch.conflict"
     assert answers["again"][0] == 202 and answers["again"][1]["jobId"] == "shipment-again"
     enqueue = script_sha("enqueue")
-    enqueue_calls = [address for address, command in lines if command.split()[:2] == ["EVALSHA", enqueue]]
+    enqueue_calls = [line.client for line in lines if line.command.split()[:2] == ["EVALSHA", enqueue]]
     assert len(enqueue_calls) >= 8, lines
     busiest = Counter(enqueue_calls).most_common(1)[0][1]
     if share == "1":
@@ -210,13 +181,7 @@ def test_calls_queued_behind_a_round_trip_the_store_did_not_answer_fail_with_it(
             errors[n] = exc
 
     try:
-        held(redis_url, 1500)
-        threads = [threading.Thread(target=call, args=(n,)) for n in range(4)]
-        for t in threads:
-            t.start()
-            time.sleep(0.02)
-        for t in threads:
-            t.join(10)
+        meeting(redis_url, 1500, call, list(range(4)), gap=0.02)
     finally:
         client.close()
     assert isinstance(errors[0], redis.TimeoutError), errors
