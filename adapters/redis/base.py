@@ -68,12 +68,9 @@ class RedisStoreBase:
         such calls from threads of this process that meet share one round trip
         (ThreadConnections.run_script_shared); a lone call goes at once.
         IMPORTER_SHARE_ROUND_TRIPS=0: as _script."""
-        if not self.settings.share_round_trips:
-            return self._script(name, keys=keys, args=args)
-        script = self._scripts[name]
-        if isinstance(self.client, (ImporterRedis, ImporterRedisCluster)):
-            return self.client.run_script_shared(script, keys, args)
-        return script(keys=keys, args=args)
+        if self.settings.share_round_trips and isinstance(self.client, (ImporterRedis, ImporterRedisCluster)):
+            return self.client.run_script_shared(self._scripts[name], keys, args)
+        return self._script(name, keys=keys, args=args)
 
     def _pipelined(self, calls: list[tuple[str, list[Any], list[Any]]]) -> list[Any]:
         """Run several scripts in one round trip, by EVALSHA.

@@ -37,8 +37,8 @@ class SharedRoundTrips:
     round trip with every call queued by then. Each caller gets its own reply
     or error. When no call of a round trip got an answer (a timeout, a lost
     connection that a resend did not mend), the calls queued behind it fail
-    with it: a call waits at most about one socket timeout. A leader interrupted by a BaseException (not an Exception)
-    raises it; its followers get a ConnectionError, which means "not known
+    with it: a call waits at most about one socket timeout. A leader
+    interrupted by a BaseException (not an Exception) raises it; its followers get a ConnectionError, which means "not known
     to have run" (the store answers 503; a retry of the same call is safe)."""
 
     def __init__(self) -> None:
@@ -64,19 +64,17 @@ class SharedRoundTrips:
             batch, self._queued = self._queued, []
             self.round_trips += 1
             self.calls += len(batch)
-        replies: list[Any] = []
+        # What the followers get if a BaseException interrupts the leader (it raises that itself).
+        replies: list[Any] = [redis.ConnectionError("the round trip was interrupted")] * len(batch)
         try:
             replies = send([c.request for c in batch])
         except Exception as exc:  # noqa: BLE001 - every call of the round trip gets it
             replies = [exc] * len(batch)
-        except BaseException:
-            replies = [redis.ConnectionError("the round trip was interrupted")] * len(batch)
-            raise
         finally:
             with self._changed:
-                for c, reply in zip(batch, replies or [redis.ConnectionError("no reply")] * len(batch)):
+                for c, reply in zip(batch, replies):
                     c.reply, c.done = reply, True
-                if replies and all(isinstance(r, _AWAY) for r in replies):
+                if all(isinstance(r, _AWAY) for r in replies):
                     # The store did not answer this round trip: the calls queued
                     # behind it fail now, rather than each wait a timeout more.
                     for c in self._queued:
