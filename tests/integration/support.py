@@ -121,6 +121,7 @@ class Monitor:
         self.client = redis.Redis.from_url(url)
         self.lines: list[MonitorLine] = []
         self._token = uuid.uuid4().hex
+        self._read = 0
         ready = threading.Event()
 
         def run() -> None:
@@ -136,6 +137,12 @@ class Monitor:
         self._thread = threading.Thread(target=run, daemon=True)
         self._thread.start()
         assert ready.wait(10)
+
+    def unread(self) -> list[MonitorLine]:
+        """The lines caught since the last call (from the start on the first)."""
+        lines = self.lines[self._read:]
+        self._read += len(lines)
+        return lines
 
     def stop(self) -> list[MonitorLine]:
         try:
