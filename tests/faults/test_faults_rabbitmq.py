@@ -57,11 +57,12 @@ def _during(system: Any, seed: int) -> Driver:
     return Driver(system, POSTS // 2, threads=2, seed=seed).start()
 
 
-def _joined(driver: Driver, late: Driver) -> Driver:
-    """Both drivers joined, as one for the checker."""
+def _joined(driver: Driver, *later: Driver) -> Driver:
+    """The drivers joined, as one for the checker."""
     driver.join()
-    late.join()
-    driver.posts.extend(late.posts)
+    for other in later:
+        other.join()
+        driver.posts.extend(other.posts)
     return driver
 
 
@@ -136,8 +137,9 @@ def test_broker_sigkill_then_restart(make_redis: Any, make_faulty: Any, node: Ra
 
 def test_broker_closes_all_connections(make_redis: Any, make_faulty: Any, node: RabbitNode) -> None:
     """`rabbitmqctl close_all_connections` twice while POSTs publish (each POST waits
-    0.05 s before its publish, so that they go on) and workers hold messages: producers
-    and consumers reconnect, no POST waits past the bound."""
+    0.05 s before its publish, so that they go on) and workers hold messages, then
+    more POSTs (on a loaded machine one rabbitmqctl call took 8-12 s, longer than
+    the POSTs during it): producers and consumers reconnect, no POST waits past the bound."""
     server, system = _start(make_redis, make_faulty, node, slow=1, IMPORTER_FAULT="before_send:0.05")
     driver = Driver(system, POSTS, seed=104).start()
     driver.posted.wait(60)
@@ -145,12 +147,17 @@ def test_broker_closes_all_connections(make_redis: Any, make_faulty: Any, node: 
     node.close_all_connections()
     time.sleep(1.0)
     node.close_all_connections()
+    after = Driver(system, 20, threads=2, seed=124).start()  # on the connections RabbitMQ closed
     fault_over = time.monotonic()
-    driver = _joined(driver, late)
+    driver = _joined(driver, late, after)
     report = _check(system, server, node, driver, fault_over)
     assert report.max_request_s <= REQUEST_BOUND, f"a POST waited {report.max_request_s:.1f}s"
-    for name in ("http", "worker"):  # RabbitMQ closed connections of both sides under them
-        assert any("CONNECTION_FORCED" in p.log() for p in system.procs if p.name == name), f"no {name} connection was closed"
+    # RabbitMQ closed connections of both sides under them. The client reads its
+    # close frame (CONNECTION_FORCED), or, on a loaded machine, meets the reset first.
+    closed = ("CONNECTION_FORCED", "Stream connection lost")
+    for name in ("http", "worker"):
+        logs = [p.log() for p in system.procs if p.name == name]
+        assert any(mark in log for log in logs for mark in closed), f"no {name} connection was closed"
 
 
 def test_memory_alarm_blocks_publishers_then_clears(make_redis: Any, make_faulty: Any, node: RabbitNode) -> None:
