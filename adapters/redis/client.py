@@ -38,8 +38,9 @@ class SharedRoundTrips:
     or error. When no call of a round trip got an answer (a timeout, a lost
     connection that a resend did not mend), the calls queued behind it fail
     with it: a call waits at most about one socket timeout. A leader
-    interrupted by a BaseException (not an Exception) raises it; its followers get a ConnectionError, which means "not known
-    to have run" (the store answers 503; a retry of the same call is safe)."""
+    interrupted by a BaseException (not an Exception) raises it; its
+    followers get a ConnectionError, which means "not known to have run"
+    (the store answers 503; a retry of the same call is safe)."""
 
     def __init__(self) -> None:
         self._changed = threading.Condition(threading.Lock())
