@@ -30,6 +30,7 @@ from importer.adapters.dramatiq.rabbitmq import BoundedRabbitmqBroker
 from importer.adapters.dramatiq.runner import ImportRunner, declare_import_actor
 from importer.adapters.redis.client import ImporterRedis, ImporterRedisCluster, RedisClient
 from importer.adapters.redis.errors import StoreUnavailable
+from importer.adapters.postgres.ledger import PostgresLedger
 from importer.adapters.redis.store import RedisStore
 from importer.adapters.settings import Settings, SettingsError
 from importer.adapters.dramatiq.presence import WorkerPresence
@@ -183,6 +184,14 @@ class HttpSide:
         self.client.close()
 
 
+def open_ledger(settings: Settings, *, max_size: int = 4) -> PostgresLedger | None:
+    """[ledger] The ledger's connection pool when IMPORTER_DATABASE_URL is set (opened
+    in the background: a ledger down at start-up is a late history, not a failed start)."""
+    if not settings.database_url:
+        return None
+    return PostgresLedger(settings.database_url, max_size=max_size).open(wait=False)
+
+
 def build_http(settings: Settings) -> HttpSide:
     bound_large_allocations()
     client = redis_client(settings)
@@ -235,6 +244,7 @@ def build_worker(settings: Settings) -> dramatiq.Broker:
     """The broker of a worker process, with the import actor declared on it."""
     client = redis_client(settings)
     store = RedisStore(client, settings, clock_ms=clock_ms)
+    store.archive = open_ledger(settings)
     attempts: AttemptStore = store
     if settings.fault:
         from importer.adapters.faults import Faults, FaultyAttemptStore  # tests only

@@ -207,6 +207,18 @@ class Settings:
     http_header_timeout_s: float = 10.0
     #: Log lines: "json" (default) or "text" (``importer dev``'s default); see log_format.
     log_format: str = "json"
+    #: [ledger] PostgreSQL URL of the ledger (IMPORTER_DATABASE_URL); None: the ledger is off
+    #: (``importer dev`` starts an embedded server instead).
+    database_url: str | None = None
+    #: [ledger] Seconds a shipment's receipt and journal entry stay in Redis once the ledger holds them.
+    ledger_hot_window_s: float = 3600.0
+    #: [ledger] Seconds a done marker stays in Redis (then only if its batch has no job record left);
+    #: past it the ledger answers for the batch. Safety never rests on its length.
+    idempotency_horizon_s: float = 7 * 86400.0
+    #: [ledger] Seconds the exporter sleeps when it found nothing to export.
+    ledger_interval_s: float = 0.2
+    #: [ledger] Journal entries per export transaction.
+    ledger_batch: int = 500
     #: Test-only fault injection, e.g. "after_apply:5" (sleep 5 s there) or
     #: "before_send:crash" (kill the process there). Never set in production.
     fault: str = ""
@@ -247,6 +259,11 @@ class Settings:
             keep_failed_count=_int(env, "IMPORTER_KEEP_FAILED_COUNT", cls.keep_failed_count),
             events_maxlen=_int(env, "IMPORTER_EVENTS_MAXLEN", cls.events_maxlen, minimum=1),
             fault=env.get("IMPORTER_FAULT", ""),
+            database_url=env.get("IMPORTER_DATABASE_URL") or None,
+            ledger_hot_window_s=_float(env, "IMPORTER_LEDGER_HOT_WINDOW", cls.ledger_hot_window_s),
+            idempotency_horizon_s=_float(env, "IMPORTER_IDEMPOTENCY_HORIZON", cls.idempotency_horizon_s),
+            ledger_interval_s=_float(env, "IMPORTER_LEDGER_INTERVAL", cls.ledger_interval_s),
+            ledger_batch=_int(env, "IMPORTER_LEDGER_BATCH", cls.ledger_batch, minimum=1),
             api_keys=_api_keys(env),
             rate_limit=_int(env, "IMPORTER_RATE_LIMIT", cls.rate_limit),
             rate_window_s=_float(env, "IMPORTER_RATE_WINDOW", cls.rate_window_s),
@@ -297,6 +314,12 @@ class Settings:
             raise SettingsError("max_attempts must be >= 1")
         if not 1 <= self.apply_together_max <= 64:
             raise SettingsError("IMPORTER_APPLY_TOGETHER_MAX must be between 1 and 64")
+        if self.ledger_hot_window_s < 0 or self.idempotency_horizon_s < self.ledger_hot_window_s:
+            raise SettingsError("IMPORTER_IDEMPOTENCY_HORIZON must be >= IMPORTER_LEDGER_HOT_WINDOW >= 0")
+        if self.ledger_interval_s <= 0:
+            raise SettingsError("IMPORTER_LEDGER_INTERVAL must be > 0")
+        if self.database_url and not self.database_url.startswith(("postgresql://", "postgres://")):
+            raise SettingsError("IMPORTER_DATABASE_URL must be a postgresql:// URL")
         if self.share_round_trips not in (0, 1):
             raise SettingsError("IMPORTER_SHARE_ROUND_TRIPS must be 0 or 1")
 
@@ -328,6 +351,8 @@ class DevSettings:
 
     #: None: start the embedded server.
     redis_url: str | None = None
+    #: [ledger] None: start the embedded PostgreSQL (adapters/postgres/embedded.py).
+    database_url: str | None = None
     #: The embedded server's data directory (IMPORTER_DATA_DIR).
     data_dir: str = ".importer-data"
     #: IMPORTER_API_KEY: shown, and used by --demo, when the keys are given.
@@ -343,6 +368,7 @@ class DevSettings:
         env = os.environ if env is None else env
         return cls(
             redis_url=env.get("IMPORTER_REDIS_URL") or None,
+            database_url=env.get("IMPORTER_DATABASE_URL") or None,
             data_dir=env.get("IMPORTER_DATA_DIR") or cls.data_dir,
             api_key=env.get("IMPORTER_API_KEY", ""),
             api_keys_given=bool(env.get("IMPORTER_API_KEYS") or env.get("IMPORTER_API_KEYS_FILE")),

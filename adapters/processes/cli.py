@@ -64,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=commands.cmd_events)
 
+    p = sub.add_parser("ledger", help="the exporter: copy applied shipments into the ledger (PostgreSQL), then trim Redis")
+    p.add_argument("--once", action="store_true", help="export until caught up, trim, then exit")
+    p.set_defaults(func=lambda a: _ledger(a))
+
     # -- operator tools (operator) ---------------------------------------------
     p = sub.add_parser("openapi", help="print the OpenAPI document generated from the code")
     p.add_argument("--write", action="store_true", help="rewrite openapi.yaml")
@@ -110,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=600, help="seconds --wait waits at most")
     p.set_defaults(func=client.cmd_retry)
     return parser
+
+
+def _ledger(args: argparse.Namespace) -> int:
+    from importer.adapters.processes.ledger import cmd_ledger
+
+    return cmd_ledger(args.once)
 
 
 def main(argv: list[str] | None = None) -> int:

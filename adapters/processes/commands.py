@@ -163,6 +163,30 @@ def run_demo(url: str, key: str, fixture: Path = DEMO_FIXTURE) -> int:
     return 1
 
 
+def show_in_ledger(database_url: str, batch_id: str, timeout_s: float = 30) -> int:
+    """Wait for the exporter to copy the batch into the ledger, and say what it holds."""
+    import psycopg
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with psycopg.connect(database_url, connect_timeout=5) as conn:
+                row = conn.execute(
+                    "SELECT s.location, s.row_count, count(m.line) FROM ledger_shipments s"
+                    " LEFT JOIN ledger_movements m USING (location, batch_id)"
+                    " WHERE s.batch_id = %s GROUP BY s.location, s.row_count", (batch_id,),
+                ).fetchone()
+        except psycopg.Error:
+            row = None  # the schema is not there yet
+        if row:
+            print(f"demo: the ledger (PostgreSQL) holds batch {batch_id} at {row[0]}: "
+                  f"{row[1]} rows, {row[2]} stock movements", flush=True)
+            return 0
+        time.sleep(0.2)
+    print(f"demo: the ledger did not receive {batch_id} within {timeout_s:.0f} s", flush=True)
+    return 1
+
+
 #: ``importer serve --graceful-timeout``'s default (adapters/processes/cli.py), which ``importer dev`` keeps.
 HTTP_GRACEFUL_TIMEOUT_S = 30
 
@@ -284,6 +308,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     # Readable lines on a terminal, unless IMPORTER_LOG_FORMAT says otherwise.
     overrides: dict[str, str] = {"IMPORTER_LOG_FORMAT": dev.log_format}
     embedded = None
+    embedded_pg: Any = None
     procs: dict[str, subprocess.Popen[bytes]] = {}
     stop_timeout = 0.0
     rc = 0
@@ -302,6 +327,14 @@ def cmd_dev(args: argparse.Namespace) -> int:
             if server_pid is not None:
                 rearguard.tell(f"last {server_pid} valkey")
             print(f"dev: embedded Redis-compatible server (valkey) at {embedded.url}, data in {embedded.data_dir}", flush=True)
+        if not dev.database_url:
+            from importer.adapters.postgres.embedded import EmbeddedPostgres
+
+            embedded_pg = EmbeddedPostgres(Path(dev.data_dir).resolve() / "postgres")
+            overrides["IMPORTER_DATABASE_URL"] = embedded_pg.start()
+            if embedded_pg.pid is not None:
+                rearguard.tell(f"last {embedded_pg.pid} postgres")
+            print(f"dev: embedded PostgreSQL (the ledger) at {embedded_pg.url}, data in {embedded_pg.data_dir}", flush=True)
         key = dev.api_key
         if not dev.api_keys_given:
             key = new_key()
@@ -320,6 +353,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
         commands = {
             "events": ["events"],
             "worker": ["worker", "--processes", "1", "--threads", "8"],
+            "ledger": ["ledger"],
             "http": ["serve", "--bind", f"127.0.0.1:{args.port}", "--workers", "1"],
         }
         preexec = signal_on_parent_death(signal.SIGTERM)
@@ -346,6 +380,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
             print(f"dev: metrics: curl -s -H 'Authorization: Bearer {metrics_token}' {url}/metrics", flush=True)
             if args.demo:
                 rc = run_demo(url, key)
+                if rc == 0:
+                    rc = show_in_ledger(env["IMPORTER_DATABASE_URL"], DEMO_FIXTURE.stem)
                 time.sleep(1.5)  # let the observer print the last events
             else:
                 print("dev: press Ctrl-C to stop", flush=True)
@@ -362,6 +398,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
                 rc = rc or 1
         if embedded is not None:
             embedded.stop()
+        if embedded_pg is not None:
+            embedded_pg.stop()
         if rearguard is not None:
             rearguard.close()
         print("dev: stopped", flush=True)

@@ -8,17 +8,24 @@ from collections.abc import Sequence
 from typing import Any
 
 from importer.adapters.redis.base import RedisStoreBase
-from importer.adapters.redis.errors import store_errors
+from importer.adapters.redis.errors import StoreUnavailable, store_errors
 from importer.adapters.redis.records import QueueAck, error_json, report_json, text_of
 from importer.domain.errors import PublicError
-from importer.domain.locations import MAIN
+from importer.domain.locations import MAIN, location_of_job
 from importer.domain.ports import ApplyResult, OneStepImport, StartedAttempt, StartOutcome
 from importer.domain.shipment import Shipment
 from importer.domain.stock import MAX_STOCK
 
 
 #: start_apply.lua's layout: how many shared KEYS, KEYS per import, and shared ARGV.
-TOGETHER_LAYOUT = (16, 5, 12)
+TOGETHER_LAYOUT = (17, 5, 12)
+
+#: The ledger's word on a batch, as apply.lua takes it (ARGV[14..16]): not asked.
+NOT_ASKED = ("", "", "")
+
+#: [ledger] How many times one apply asks the ledger before it gives up as an
+#: outage (each ask follows a pruning that happened while the previous one ran).
+LEDGER_ASKS = 4
 
 #: How many KEYS the job-step header has (common.lua, "Job steps"): each step's own follow.
 JOB_STEP_KEYS = 7
@@ -73,6 +80,7 @@ class AttemptSteps(RedisStoreBase):
 
     def _apply_args(
         self, *, job_id: str, upload_id: str, attempt: int, batch_id: str, owner: str, shipment: Shipment, token: str,
+        ledger: tuple[str, str, str] = NOT_ASKED,
     ) -> tuple[list[Any], list[Any]]:
         """apply.lua's KEYS and ARGV."""
         k, s = self.partition_of(job_id), self.settings
@@ -80,10 +88,10 @@ class AttemptSteps(RedisStoreBase):
         keys, args = self._job_step(job_id)
         keys += [
             k.stock, k.generation, k.done(batch_id), k.journal, k.completed, k.upload(upload_id), k.deadline,
-            k.receipt(batch_id),
+            k.receipt(batch_id), k.ledger_pruned,
         ]
         args += [
-            batch_id, shipment.content_sha256, owner, attempt, MAX_STOCK, "", "", "",
+            batch_id, shipment.content_sha256, owner, attempt, MAX_STOCK, *ledger,
             error_json("batch.conflict"), error_json("stock.overflow"), token, progress,
         ]
         for row in shipment.rows:
@@ -113,13 +121,19 @@ class AttemptSteps(RedisStoreBase):
         call); apply.lua emits it before 'committed', so one round trip and one
         script call per import.
         """
-        keys, args = self._apply_args(
-            job_id=job_id, upload_id=upload_id, attempt=attempt, batch_id=batch_id, owner=owner,
-            shipment=shipment, token=token,
-        )
-        with store_errors():
-            (reply,) = self._pipelined([("apply", keys, args)])
-        return self._apply_result(reply)
+        ledger = NOT_ASKED
+        for _ in range(LEDGER_ASKS):
+            keys, args = self._apply_args(
+                job_id=job_id, upload_id=upload_id, attempt=attempt, batch_id=batch_id, owner=owner,
+                shipment=shipment, token=token, ledger=ledger,
+            )
+            with store_errors():
+                (reply,) = self._pipelined([("apply", keys, args)])
+            if text_of(reply[0]) != "ask_ledger":
+                return self._apply_result(reply)
+            location = location_of_job(job_id)
+            ledger = self._ledger_word(location, [batch_id], text_of(reply[1]))[batch_id]
+        raise StoreUnavailable("the done markers were pruned again while the ledger was asked", "ledger_busy")
 
     def start_and_apply(
         self, *, job_id: str, upload_id: str, batch_id: str, shipment: Shipment, ack: QueueAck | None = None,
@@ -139,13 +153,56 @@ class AttemptSteps(RedisStoreBase):
         a key for are made once per key (start_apply.lua)."""
         if not imports:
             return []
+        outcomes: list[tuple[StartOutcome, ApplyResult | None] | None] = [None] * len(imports)
+        words: dict[str, tuple[str, str, str]] = {}
+        pending = list(range(len(imports)))
+        for _ in range(LEDGER_ASKS):
+            replies = self._start_apply([imports[i] for i in pending], words)
+            asked: list[int] = []
+            pruned = ""
+            for i, reply in zip(pending, replies):
+                if isinstance(reply, str):
+                    asked.append(i)
+                    pruned = reply
+                else:
+                    outcomes[i] = reply
+            if not asked:
+                return [o for o in outcomes if o is not None]
+            location = location_of_job(imports[0].job_id)
+            words.update(self._ledger_word(location, [imports[i].batch_id for i in asked], pruned))
+            pending = asked
+        raise StoreUnavailable("the done markers were pruned again while the ledger was asked", "ledger_busy")
+
+    def _ledger_word(self, location: str, batch_ids: list[str], pruned: str) -> dict[str, tuple[str, str, str]]:
+        """[ledger] What the ledger holds of these batches, as apply.lua takes it, asked
+        after reading ``pruned`` (the door: docs/reliability.md, "The ledger").
+        No ledger configured while markers were pruned (a misconfigured worker):
+        StoreUnavailable, never a guess."""
+        if self.archive is None:
+            raise StoreUnavailable(
+                "done markers were pruned at this location but this worker has no ledger (IMPORTER_DATABASE_URL)",
+                "ledger_unreachable",
+            )
+        try:
+            found = self.archive.archived(location, batch_ids)
+        except Exception as exc:  # the ledger's own errors, whatever the adapter
+            raise StoreUnavailable(f"the ledger did not answer: {exc}", "ledger_unreachable") from exc
+        return {
+            b: (pruned, found[b].content_sha256, found[b].result) if b in found else (pruned, "", "")
+            for b in batch_ids
+        }
+
+    def _start_apply(
+        self, imports: Sequence[OneStepImport], words: dict[str, tuple[str, str, str]],
+    ) -> list[tuple[StartOutcome, ApplyResult | None] | str]:
+        """One start_apply.lua call: per import its outcome, or the pruned count when it must ask the ledger."""
         k, s = self.partition_of(imports[0].job_id), self.settings
         acks = [i.ack for i in imports if i.ack is not None]
         # The ack's keys are the job's location's queue's (LocationQueues): in the job's slot on a cluster.
         ack_keys = [acks[0].acks_key, acks[0].messages_key, acks[0].heartbeats_key] if acks else [k.fence] * 3
         keys = [
             k.events, k.active, k.failed, k.stats, k.finished_new, k.waiting, k.unsent, k.deadline, k.fence,
-            k.stock, k.generation, k.journal, k.completed, *ack_keys,
+            k.stock, k.generation, k.journal, k.completed, *ack_keys, k.ledger_pruned,
         ]
         args: list[Any] = [
             s.events_maxlen, s.max_attempts, error_json("import.attempts_exhausted"),
@@ -160,14 +217,18 @@ class AttemptSteps(RedisStoreBase):
             keys += [k.job(one.job_id), k.job_events(one.job_id), k.upload(one.upload_id), k.done(one.batch_id),
                      k.receipt(one.batch_id)]
             args += [one.job_id, one.upload_id, one.batch_id, one.shipment.content_sha256,
-                     one.ack.redis_message_id if one.ack is not None else "", one.shipment.row_count]
+                     one.ack.redis_message_id if one.ack is not None else "", *words.get(one.batch_id, NOT_ASKED),
+                     one.shipment.row_count]
             for row in one.shipment.rows:
                 args.append(row.sku)
                 args.append(row.quantity)
         with store_errors():
             replies = self._script("start_apply", keys=keys, args=args)
-        outcomes: list[tuple[StartOutcome, ApplyResult | None]] = []
+        outcomes: list[tuple[StartOutcome, ApplyResult | None] | str] = []
         for one, (started_reply, applied_reply, acked) in zip(imports, replies):
+            if text_of(started_reply[0]) == "ask_ledger":
+                outcomes.append(text_of(started_reply[1]))
+                continue
             outcome = self._start_outcome(started_reply)
             if one.ack is not None and int(acked):
                 one.ack.acknowledged()

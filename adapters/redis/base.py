@@ -13,6 +13,7 @@ from importer.adapters.redis.keys import Keys
 from importer.adapters.redis.records import MessageWriter, text_of
 from importer.adapters.redis.scripts import SCRIPT_NAMES, lua_source
 from importer.adapters.settings import Settings
+from importer.domain.ledger import ArchiveLookup
 from importer.domain.locations import MAIN, location_of_job
 
 
@@ -36,6 +37,9 @@ class RedisStoreBase:
         self._partitions: dict[str, Keys] = {MAIN: self.keys}
         self._now = clock_ms
         self.messages = messages
+        #: [ledger] Where the worker asks about a batch whose done marker may have left
+        #: Redis (the door, apply.lua); None: no ledger configured.
+        self.archive: ArchiveLookup | None = None
         self._scripts = {name: client.register_script(lua_source(name)) for name in SCRIPT_NAMES}
 
     def partition(self, location: str) -> Keys:

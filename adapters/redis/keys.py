@@ -127,6 +127,12 @@ class Keys:
         #: [control] set: every location but main that ever had a job (the reconciler,
         #: the observer and /metrics go over them).
         self.locations = f"{prefix}locations"
+        #: [ledger] string: how many times done markers were pruned here (ledger_prune.lua);
+        #: absent until the first pruning (apply.lua's door).
+        self.ledger_pruned = f"{prefix}ledger:pruned"
+        #: [ledger] zset batchId -> appliedAt ms: done markers whose journal entry and receipt the
+        #: ledger holds and Redis dropped (ledger_trim.lua), to prune past the idempotency horizon.
+        self.ledger_markers = f"{prefix}ledger:markers"
 
     def job(self, job_id: str) -> str:
         return f"{self.prefix}job:{job_id}"

@@ -241,6 +241,15 @@ class System:
         assert proc.popen.poll() is None, proc.log()
         return proc
 
+    def start_ledger(self, *, once: bool = False, **env: str) -> Proc:
+        """`importer ledger` (the exporter); needs IMPORTER_DATABASE_URL in the system's env."""
+        assert "IMPORTER_DATABASE_URL" in self.env, "make_system(IMPORTER_DATABASE_URL=...) first"
+        proc = self._spawn("ledger", ["ledger", *(["--once"] if once else [])], {**self.env, **env})
+        if not once:
+            wait_for(lambda: "ledger.ready" in proc.log() or proc.popen.poll() is not None, 30, message="ledger boot")
+            assert proc.popen.poll() is None, proc.log()
+        return proc
+
     def start_http(
         self, *, workers: int = 1, server: str = "granian", sick: str = "", threads: int | None = None, **env: str
     ) -> Proc:

@@ -26,6 +26,30 @@ pytestmark = pytest.mark.integration
 TEXT_LINE = re.compile(r"^\d\d:\d\d:\d\d (debug|info |warning|error|critical) \S")
 
 
+def dev_data_dir(tmp_path: Path) -> Path:
+    """A data folder in the project (removed after the test), not under pytest's
+    0700 tmp folder: as root, `importer dev`'s embedded PostgreSQL runs as
+    'nobody', which must be able to enter every parent folder of its data."""
+    import uuid
+
+    folder = ROOT / "test-artifacts" / f"dev-{uuid.uuid4().hex[:10]}"
+    folder.mkdir(parents=True)
+    _CLEANUP.append(folder)
+    return folder
+
+
+_CLEANUP: list[Path] = []
+
+
+@pytest.fixture(autouse=True)
+def _remove_dev_data() -> object:
+    import shutil
+
+    yield
+    while _CLEANUP:
+        shutil.rmtree(_CLEANUP.pop(), ignore_errors=True)
+
+
 def _stat(pid: int) -> tuple[int, str, str] | None:
     """(parent pid, state, start time) of a live process, else None."""
     try:
@@ -61,7 +85,7 @@ def _still_running(family: dict[int, str]) -> list[int]:
 def test_ctrl_c_stops_importer_dev_cleanly_with_readable_lines(tmp_path: Path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("IMPORTER_")}
-    env.update(IMPORTER_DATA_DIR=str(tmp_path / "data"), PYTHONUNBUFFERED="1")
+    env.update(IMPORTER_DATA_DIR=str(dev_data_dir(tmp_path)), PYTHONUNBUFFERED="1")
     out = tmp_path / "dev.log"
     with open(out, "wb") as handle:
         # Its own process group, as a shell gives a foreground job.
@@ -124,7 +148,7 @@ def test_ctrl_c_stops_importer_dev_cleanly_with_readable_lines(tmp_path: Path) -
 def _start_dev(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path, int]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("IMPORTER_")}
-    env.update(IMPORTER_DATA_DIR=str(tmp_path / "data"), PYTHONUNBUFFERED="1")
+    env.update(IMPORTER_DATA_DIR=str(dev_data_dir(tmp_path)), PYTHONUNBUFFERED="1")
     out = tmp_path / "dev.log"
     with open(out, "wb") as handle:
         dev = subprocess.Popen(

@@ -4,10 +4,12 @@
 -- KEYS[1..7], ARGV[1..8]: the job-step header (common.lua), then
 -- KEYS[8] P:stock   KEYS[9] P:generation   KEYS[10] P:done:<batchId>   KEYS[11] P:journal
 -- KEYS[12] P:jobs:completed   KEYS[13] P:upload:<uploadId>   KEYS[14] P:jobs:deadline
--- KEYS[15] P:receipt:<batchId>
+-- KEYS[15] P:receipt:<batchId>   KEYS[16] P:ledger:pruned  [ledger] done markers ever pruned here
 -- ARGV[9] batchId  ARGV[10] contentSha256  ARGV[11] owner  ARGV[12] attempt  ARGV[13] maxStock
--- ARGV[14..16] '' (not read: they held retention's name prefix and limits, now the
---   retention pass's; kept so that the numbers after them stay)
+-- ARGV[14..16] [ledger] the ledger's word on the batch, when the worker asked it
+--   (after an 'ask_ledger' reply): the P:ledger:pruned value it read before
+--   asking ('' = not asked), then the archived shipment's contentSha256 and
+--   result JSON ('' '' = the ledger does not hold the batch)
 -- ARGV[17] public error JSON for a conflict  ARGV[18] ... for an overflow
 -- ARGV[19] the attempt's fencing token (start.lua): the apply and the job's
 --          completion take effect only while the job is active under it
@@ -23,6 +25,10 @@
 --   done marker with the same hash -> replay: stored result, replay=true, no change
 --   done marker with another hash  -> conflict: job failed, no change
 --   any SKU would exceed maxStock   -> overflow: job failed, no change
+--   [ledger] no done marker, and done markers were pruned here since the
+--   ledger was last asked -> {'ask_ledger', pruned}: nothing changed; the
+--   worker asks the ledger and calls again with its word (ARGV[14..16])
+--   archived in the ledger (ARGV[15]) -> as a done marker: replay or conflict
 --   otherwise add every quantity, bump generation, write the done marker and
 --   the receipt, append to the journal, complete the job. Nothing partial is
 --   ever visible. A replay leaves the receipt as the first application wrote it.
@@ -33,7 +39,7 @@
 -- appliedAt, finishedAt and attempt duration are therefore those of the
 -- moment its apply began: a 100,000-row apply runs ~0.2 s past them.
 --
--- Returns {'applied', resultJson} | {'replayed', resultJson} | {'conflict'}
+-- Returns {'ask_ledger', pruned} | {'applied', resultJson} | {'replayed', resultJson} | {'conflict'}
 --       | {'overflow', sku} | {'finished', state} | {'missing'}
 --       | {'stale', state}: a newer attempt holds the job (or the reconciler
 --         took it back); nothing changed
@@ -62,6 +68,27 @@ step.attempt_started = attempt_started
 if not state then return {'missing'} end
 if is_finished(state) then return {'finished', state} end
 if state ~= 'active' or (token or '') ~= ARGV[19] then return {'stale', state} end
+
+-- [ledger] The door (docs/reliability.md, "The ledger"): a done marker leaves
+-- Redis only once the ledger holds its batch, past the idempotency horizon,
+-- with no job record of its batch left (ledger_prune.lua, which counts each
+-- pruning in P:ledger:pruned). This job's record exists, so no marker of its
+-- batch can leave while it runs; a marker pruned before the worker asked the
+-- ledger is in the ledger's answer. An answer given before a later pruning
+-- is asked again.
+local done = redis.call('HMGET', KEYS[10], 'contentSha256', 'result')
+if not done[1] then
+  local asked, archived_sha, archived_result
+  if started then
+    asked, archived_sha, archived_result = started.ledger[1], started.ledger[2], started.ledger[3]
+  else
+    asked, archived_sha, archived_result = ARGV[14], ARGV[15], ARGV[16]
+  end
+  local pruned  -- false when no marker was ever pruned here
+  if started then pruned = started.pruned else pruned = redis.call('GET', KEYS[16]) end
+  if pruned and pruned ~= asked then return {'ask_ledger', pruned} end
+  if archived_sha ~= '' then done = {archived_sha, archived_result} end
+end
 zrem(KEYS[14], job_id)
 emit(step.events, step.job_events, step.maxlen, 'progress', job_id, batch_id, attempt, validated)
 
@@ -85,7 +112,6 @@ local function complete(result_json)
   observe_duration(step)
 end
 
-local done = redis.call('HMGET', KEYS[10], 'contentSha256', 'result')
 if done[1] then
   if done[1] ~= sha then
     fail(ARGV[17], 'done marker of ' .. batch_id .. ' has another content hash')

@@ -21,7 +21,7 @@
 --   KEYS[8] P:jobs:deadline   KEYS[9] P:fence   KEYS[10] P:stock   KEYS[11] P:generation
 --   KEYS[12] P:journal   KEYS[13] P:jobs:completed
 --   KEYS[14] dramatiq's acks set of this worker and queue   KEYS[15] the queue's message hash
---   KEYS[16] dramatiq's worker heartbeats
+--   KEYS[16] dramatiq's worker heartbeats   KEYS[17] P:ledger:pruned  [ledger] done markers ever pruned here
 --   per import: P:job:<jobId>  P:events:<jobId>  P:upload:<uploadId>  P:done:<batchId>  P:receipt:<batchId>
 -- ARGV: shared, then one run of values per import.
 --   ARGV[1] events maxlen   ARGV[2] maxAttempts   ARGV[3] public error JSON for exhausted attempts
@@ -30,7 +30,14 @@
 --   ARGV[10] the dramatiq worker id   ARGV[11] the worker's clock in ms (its heartbeat, as dramatiq's ack)
 --   ARGV[12] how many imports
 --   per import: jobId, uploadId, batchId, contentSha256, the dramatiq message's
---   redis_message_id ('' = do not acknowledge), the number of rows n, then n sku, quantity pairs
+--   redis_message_id ('' = do not acknowledge), [ledger] the ledger's word on
+--   the batch (apply.lua's ARGV[14..16]: '' '' '' when not asked), the number
+--   of rows n, then n sku, quantity pairs
+--
+-- [ledger] An import whose batch has no done marker here, when markers were
+-- pruned since the ledger was asked (apply.lua, "The door"), is not started:
+-- its reply is {{'ask_ledger', pruned}, {}, 0}, nothing of it changed, its
+-- message not acknowledged; the worker asks the ledger and calls again.
 --
 -- Acknowledging: exactly what dramatiq's own ack does (dispatch.lua 'ack':
 -- heartbeat, SREM from the acks set, HDEL of the message when it was there),
@@ -40,7 +47,7 @@
 --
 -- Returns per import, in order: {start reply (its csv ''), apply reply or {}, 1 if acknowledged else 0}
 
-local SHARED_KEYS, PER_IMPORT_KEYS, SHARED_ARGV = 16, 5, 12
+local SHARED_KEYS, PER_IMPORT_KEYS, SHARED_ARGV = 17, 5, 12
 local acks_key, messages_key, heartbeats_key = KEYS[14], KEYS[15], KEYS[16]
 local count = tonumber(ARGV[12])
 
@@ -49,6 +56,7 @@ local t = redis.call('TIME')
 BATCH = {now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), groups = {}, sums = {}}
 BATCH.token = redis.call('INCRBY', KEYS[9], count) - count
 local acked_ids = {}
+local pruned = redis.call('GET', KEYS[17])  -- [ledger] false: no marker was ever pruned here
 
 local replies = {}
 local at = SHARED_ARGV + 1
@@ -56,11 +64,16 @@ for i = 1, count do
   local k = SHARED_KEYS + (i - 1) * PER_IMPORT_KEYS
   local job_key, job_events, upload_key, done_key, receipt_key = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]
   local job_id, upload_id, batch_id, sha, message_id = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4]
-  local rows = tonumber(ARGV[at + 5])
-  local first_pair = at + 6
+  local ledger = {ARGV[at + 5], ARGV[at + 6], ARGV[at + 7]}
+  local rows = tonumber(ARGV[at + 8])
+  local first_pair = at + 9
   at = first_pair + 2 * rows
 
-  local combined = {}  -- what the start hands the apply (start.lua: the record's fields of the attempt)
+  if pruned and pruned ~= ledger[1] and redis.call('EXISTS', done_key) == 0 then
+    replies[i] = {{'ask_ledger', pruned}, {}, 0}
+  else
+  -- what the start hands the apply (start.lua: the record's fields of the attempt; [ledger] its word)
+  local combined = {pruned = pruned, ledger = ledger}
   local started = start_step(
     {job_key, KEYS[1], KEYS[2], KEYS[3], KEYS[4], job_events, KEYS[5], upload_key, KEYS[6], KEYS[7], KEYS[8], KEYS[9]},
     {job_id, ARGV[1], '', '', '', '', '', '', upload_id, ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]},
@@ -71,7 +84,7 @@ for i = 1, count do
   else
     -- {'started', attempt, batchId, owner, contentSha256, csv (''), token, now}
     local apply_keys = {job_key, KEYS[1], KEYS[2], KEYS[3], KEYS[4], job_events, KEYS[5],
-      KEYS[10], KEYS[11], done_key, KEYS[12], KEYS[13], upload_key, KEYS[8], receipt_key}
+      KEYS[10], KEYS[11], done_key, KEYS[12], KEYS[13], upload_key, KEYS[8], receipt_key, KEYS[17]}
     local validated = '{"phase":"validated","rows":' .. rows .. '}'
     -- apply.lua's ARGV, its rows after ARGV[20]. unpack() runs in C (a loop in
     -- Lua here cost a tenth of the whole call) but has a stack limit of a few
@@ -94,6 +107,7 @@ for i = 1, count do
   if message_id == '' then acked = 0 end
   if acked == 1 then acked_ids[#acked_ids + 1] = message_id end
   replies[i] = {started, applied, acked}
+  end
 end
 
 flush_batch()

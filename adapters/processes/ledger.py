@@ -1,0 +1,139 @@
+"""``importer ledger``: the exporter. It copies every applied shipment from
+Redis's outbox (journal and receipts) into the ledger in PostgreSQL, exactly
+once, location by location (domain/ledger.py export_location), then trims
+from Redis what the ledger holds: receipts and journal entries past the hot
+window, done markers past the idempotency horizon (adapters/redis/outbox.py).
+
+Why a process of its own: the export's cost (a PostgreSQL transaction per
+batch of entries) never sits on an import's path, an outage of PostgreSQL
+only makes it wait (the lag grows, imports go on), and any number of them
+can run: each location's cursor row is locked by one at a time (FOR UPDATE
+SKIP LOCKED), the others skip it. ``importer dev`` starts one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from importer.adapters.logs import log_event
+from importer.adapters.postgres.ledger import LedgerUnavailable, PostgresLedger
+from importer.adapters.redis.errors import StoreUnavailable
+from importer.adapters.redis.store import RedisStore
+from importer.adapters.settings import Settings
+from importer.domain.ledger import export_location
+
+log = logging.getLogger("importer.ledger")
+
+
+def _log(event: str, level: int = logging.INFO, **fields: object) -> None:
+    log_event(log, event, level, **fields)
+
+
+@dataclass
+class Exporter:
+    """One exporter: :meth:`pass_once` over every location, :meth:`run` until stopped."""
+
+    store: RedisStore
+    ledger: PostgresLedger
+    settings: Settings
+    exported: int = 0
+    failures: int = field(default=0)
+
+    def pass_once(self) -> int:
+        """One pass over every location: export what is new (up to ledger_batch
+        entries per location per transaction, until caught up), then trim.
+        Returns the entries this pass committed."""
+        s = self.settings
+        total = 0
+        for location in self.store.locations():
+            while True:
+                report = export_location(self.store, self.ledger, location, max_entries=s.ledger_batch, log=_log)
+                total += report.exported
+                if report.exported:
+                    _log("ledger.exported", logging.DEBUG if report.exported > 1 else logging.INFO,
+                         location=location, entries=report.exported, cursor=f"{report.cursor[0]}-{report.cursor[1]}")
+                if report.exported < s.ledger_batch:
+                    break
+            if report.held_elsewhere:
+                continue
+            committed = self.ledger.cursor(location)
+            now = self.store.server_time_ms()
+            while self.store.trim_exported(location, committed, now - int(s.ledger_hot_window_s * 1000)) > 0:
+                pass
+            recheck = max(1000, int(min(s.idempotency_horizon_s, 3600) * 1000))
+            while self.store.prune_markers(location, now - int(s.idempotency_horizon_s * 1000), recheck_ms=recheck) > 0:
+                pass
+        self.exported += total
+        return total
+
+    def run(self, stop: threading.Event) -> int:
+        backoff = self.settings.ledger_interval_s
+        while not stop.is_set():
+            try:
+                exported = self.pass_once()
+                if self.failures:
+                    _log("ledger.recovered", after_failures=self.failures)
+                self.failures = 0
+                backoff = self.settings.ledger_interval_s
+            except (LedgerUnavailable, StoreUnavailable) as exc:
+                self.failures += 1
+                if self.failures == 1 or self.failures % 50 == 0:
+                    _log("ledger.unavailable", logging.WARNING, detail=str(exc)[:300], failures=self.failures)
+                backoff = min(5.0, max(backoff * 2, 0.2))
+                exported = 0
+            if exported == 0:
+                stop.wait(backoff)
+        return 0
+
+
+def build_exporter(settings: Settings) -> Exporter:
+    from importer.adapters.bootstrap import clock_ms, redis_client
+
+    if not settings.database_url:
+        from importer.adapters.settings import SettingsError
+
+        raise SettingsError("IMPORTER_DATABASE_URL is not set (the ledger's PostgreSQL; `importer dev` starts one)")
+    ledger = PostgresLedger(settings.database_url, max_size=2).open(wait=False)
+    return Exporter(RedisStore(redis_client(settings), settings, clock_ms=clock_ms), ledger, settings)
+
+
+def migrate_when_ready(ledger: PostgresLedger, stop: threading.Event, interval_s: float = 1.0) -> bool:
+    """Apply the schema's migrations once PostgreSQL answers (False: stopped first)."""
+    failures = 0
+    while not stop.is_set():
+        try:
+            applied = ledger.migrate()
+            if applied:
+                _log("ledger.migrated", applied=",".join(applied))
+            return True
+        except LedgerUnavailable as exc:
+            failures += 1
+            if failures == 1 or failures % 30 == 0:
+                _log("ledger.unavailable", logging.WARNING, detail=str(exc)[:300], failures=failures)
+            stop.wait(interval_s)
+    return False
+
+
+def cmd_ledger(once: bool) -> int:
+    from importer.adapters.logs import configure_logging
+    from importer.adapters.processes.signals import StopOnce
+
+    configure_logging()
+    settings = Settings.from_env()
+    stop = StopOnce(name="ledger").install()
+    exporter = build_exporter(settings)
+    try:
+        if not migrate_when_ready(exporter.ledger, stop.event):
+            return 0
+        _log("ledger.ready", hot_window_s=settings.ledger_hot_window_s, horizon_s=settings.idempotency_horizon_s)
+        if once:
+            while exporter.pass_once():
+                pass
+            _log("ledger.caught_up", exported=exporter.exported)
+            return 0
+        return exporter.run(stop.event)
+    finally:
+        exporter.ledger.close()
+        exporter.store.client.close()

@@ -1,0 +1,192 @@
+"""The ledger: every applied shipment and its stock movements, kept in a
+database apart from the queue (PostgreSQL, adapters/postgres/).
+
+The apply script writes, in the same atomic step as the stock, a journal
+entry and a receipt for each applied shipment (adapters/redis/lua/apply.lua).
+They are the *outbox*: the exporter copies them, location by location and
+in journal order, into the ledger, each batch of entries in one transaction
+that also moves the location's export cursor forward
+(:func:`export_location`). Once the ledger holds an entry, Redis may drop it
+after the hot window (the receipt and the journal entry), and its done
+marker after the idempotency horizon (adapters/redis/outbox.py). What a done
+marker meant for the stock count is then answered by the ledger: a batch is
+never applied twice, however old (docs/reliability.md, "The ledger").
+
+Nothing here does I/O: the ports are below, the adapters implement them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+from importer.domain.receipt import STORED_LINE, whole_lines
+
+#: A Redis stream id as two integers (milliseconds, sequence): compared as
+#: numbers, never as the string "ms-seq" (where "9-0" > "10-0").
+StreamId = tuple[int, int]
+
+ZERO: StreamId = (0, 0)
+
+
+def parse_stream_id(text: str) -> StreamId:
+    """'1733300000000-3' -> (1733300000000, 3); ValueError on anything else."""
+    ms, sep, seq = text.partition("-")
+    if not sep or not ms.isdigit() or not seq.isdigit():
+        raise ValueError(f"not a stream id: {text!r}")
+    return int(ms), int(seq)
+
+
+def format_stream_id(stream_id: StreamId) -> str:
+    return f"{stream_id[0]}-{stream_id[1]}"
+
+
+@dataclass(frozen=True, slots=True)
+class JournalEntry:
+    """One applied shipment as its journal entry in Redis tells it."""
+
+    location: str
+    stream_id: StreamId
+    batch_id: str
+    job_id: str
+    owner: str
+    content_sha256: str
+    applied_at_ms: int
+    #: The stored result JSON, as the done marker holds it ({"imported": n, "batchId": ...}).
+    result: str
+
+    @property
+    def rows(self) -> int:
+        try:
+            value = json.loads(self.result).get("imported", 0)
+        except (ValueError, AttributeError):
+            return 0
+        return int(value) if isinstance(value, int) else 0
+
+
+@dataclass(frozen=True, slots=True)
+class Movement:
+    """One line of an applied shipment: line number (1 = the file's first row), SKU, stock before, quantity."""
+
+    line: int
+    sku: str
+    before: int
+    quantity: int
+
+    @property
+    def after(self) -> int:
+        return self.before + self.quantity
+
+
+def movements(chunks: Iterable[bytes]) -> Iterator[Movement]:
+    """The movements of a stored receipt read in pieces of any size (adapters
+    read a large one in ranges: memory stays bounded). ValueError on a line
+    that is not ``sku,before,quantity``."""
+    line = 0
+    for piece in whole_lines(chunks):
+        end = 0
+        for match in STORED_LINE.finditer(piece):
+            if match.start() != end:
+                raise ValueError("not a stored receipt: a line is not 'sku,before,quantity'")
+            end = match.end()
+            line += 1
+            yield Movement(line, match.group(1).decode(), int(match.group(2)), int(match.group(3)))
+        if end != len(piece):
+            raise ValueError("not a stored receipt: a line is not 'sku,before,quantity'")
+
+
+@dataclass(frozen=True, slots=True)
+class ArchivedShipment:
+    """What the ledger vouches for a batch whose done marker may have left Redis."""
+
+    content_sha256: str
+    result: str
+
+
+# -- ports ------------------------------------------------------------------
+
+
+class ReceiptSource(Protocol):
+    def __call__(self, entry: JournalEntry) -> Iterable[bytes] | None:
+        """The entry's stored receipt in pieces, or None when it is gone (an operator deleted it)."""
+        ...
+
+
+class LedgerOutbox(Protocol):
+    """The Redis side: the journal and receipts of one location, read in order."""
+
+    def read_journal(self, location: str, after: StreamId, count: int) -> list[JournalEntry]: ...
+    def receipt_source(self, location: str, entries: list[JournalEntry] | None = ...) -> ReceiptSource: ...
+    def journal_head(self, location: str) -> tuple[StreamId, int]:
+        """The last entry's id (ZERO when empty) and the journal's length."""
+        ...
+
+
+class ExportClaim(Protocol):
+    """One location's export cursor, held by this exporter until the transaction ends."""
+
+    cursor: StreamId
+
+    def write(self, entries: list[JournalEntry], receipts: ReceiptSource) -> list[str]:
+        """Write the shipments not yet in the ledger, with their movements;
+        returns the batchIds whose receipt was missing."""
+        ...
+
+    def advance(self, to: StreamId, shipments: int) -> None: ...
+
+
+class ArchiveLookup(Protocol):
+    """The door's question: which of these batches does the ledger hold at a location?"""
+
+    def archived(self, location: str, batch_ids: list[str]) -> dict[str, ArchivedShipment]: ...
+
+
+class Ledger(Protocol):
+    """The database side (adapters/postgres/ledger.py)."""
+
+    def claim(self, location: str) -> AbstractContextManager[ExportClaim | None]:
+        """The location's cursor, locked for one transaction that commits on a
+        normal exit; None when another exporter holds it (skip the location)."""
+        ...
+
+    def cursor(self, location: str) -> StreamId: ...
+
+    def archived(self, location: str, batch_ids: list[str]) -> dict[str, ArchivedShipment]: ...
+
+
+class EventLog(Protocol):
+    def __call__(self, event: str, level: int = ..., **fields: object) -> None: ...
+
+
+@dataclass(frozen=True)
+class ExportReport:
+    location: str
+    #: Entries this call committed (0: nothing new, or the location was held elsewhere).
+    exported: int
+    #: The cursor once this call ended (the committed one).
+    cursor: StreamId
+    held_elsewhere: bool = False
+
+
+def export_location(outbox: LedgerOutbox, ledger: Ledger, location: str, *, max_entries: int, log: EventLog) -> ExportReport:
+    """Copy the next journal entries of ``location`` (at most ``max_entries``)
+    into the ledger, in one transaction that moves the location's cursor past
+    them. A crash anywhere leaves the cursor where the last commit put it: the
+    next call writes the same entries again, and nothing twice (the rows and
+    the cursor commit together; the claim's row lock keeps a second exporter out)."""
+    with ledger.claim(location) as claim:
+        if claim is None:
+            return ExportReport(location, 0, ZERO, held_elsewhere=True)
+        entries = outbox.read_journal(location, after=claim.cursor, count=max_entries)
+        if not entries:
+            return ExportReport(location, 0, claim.cursor)
+        missing = claim.write(entries, outbox.receipt_source(location, entries))
+        for batch_id in missing:
+            log("ledger.receipt_missing", logging.WARNING, location=location, batchId=batch_id)
+        claim.advance(entries[-1].stream_id, len(entries))
+        committed = entries[-1].stream_id
+    return ExportReport(location, len(entries), committed)

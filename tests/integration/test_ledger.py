@@ -1,0 +1,174 @@
+"""The ledger through the real processes: `importer serve`, `importer worker`
+and `importer ledger` on Redis, with a real PostgreSQL (the embedded one, or
+IMPORTER_TEST_DATABASE_URL). Every applied shipment reaches the ledger once,
+with movements equal to its receipt; Redis drops what the ledger holds; a
+batch whose done marker left Redis is never applied again."""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from importer.domain.shipment import job_id_for
+from tests.integration.support import System, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def shipment(rows: dict[str, int]) -> bytes:
+    return ("sku,quantity\n" + "".join(f"{sku},{q}\n" for sku, q in rows.items())).encode()
+
+
+def import_and_wait(system: System, batch_id: str, data: bytes, location: str = "main") -> dict:
+    suffix = f"&location={location}" if location != "main" else ""
+    status, _, body = system.request("POST", f"/api/imports?batchId={batch_id}{suffix}", body=data, ctype="text/csv")
+    assert status == 202, body
+    return system.wait_state(job_id_for(batch_id, location), timeout=60)
+
+
+def ledger_rows(url: str) -> tuple[dict[tuple[str, str], tuple[Any, ...]], dict[tuple[str, str], list[tuple[Any, ...]]]]:
+    with psycopg.connect(url) as conn:
+        shipments = {
+            (r[0], r[1]): r[2:]
+            for r in conn.execute(
+                "SELECT location, batch_id, owner, job_id, row_count, result, receipt FROM ledger_shipments"
+            ).fetchall()
+        }
+        moves: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
+        for r in conn.execute(
+            "SELECT location, batch_id, line, sku, before, quantity, after FROM ledger_movements ORDER BY location, batch_id, line"
+        ).fetchall():
+            moves.setdefault((r[0], r[1]), []).append(r[2:])
+    return shipments, moves
+
+
+def stored_receipt_lines(system: System, batch_id: str, location: str = "main") -> list[tuple[int, str, int, int, int]]:
+    store = system.store()
+    raw = store.client.get(store.partition(location).receipt(batch_id))
+    assert raw is not None
+    lines = []
+    for n, line in enumerate(raw.decode().splitlines(), start=1):
+        sku, before, quantity = line.split(",")
+        lines.append((n, sku, int(before), int(quantity), int(before) + int(quantity)))
+    return lines
+
+
+def test_every_applied_shipment_reaches_the_ledger_once_with_its_receipt_as_movements(make_system: Any, make_database: Any) -> None:
+    db = make_database()
+    system = make_system(IMPORTER_DATABASE_URL=db)
+    system.start_worker()
+    system.start_http()
+    batches = {
+        ("main", "ledger-a"): {"SKU-A": 3, "SKU-B": 4},
+        ("main", "ledger-b"): {"SKU-A": 5},
+        ("paris", "ledger-a"): {"SKU-A": 7, "SKU-C": 1},
+    }
+    for (location, batch_id), rows in batches.items():
+        assert import_and_wait(system, batch_id, shipment(rows), location)["state"] == "completed"
+    receipts = {key: stored_receipt_lines(system, key[1], key[0]) for key in batches}
+    # an invalid file and a replay do not reach the ledger as shipments
+    import_and_wait(system, "ledger-a", shipment(batches[("main", "ledger-a")]))  # the live job: same job, no new apply
+
+    system.start_ledger()
+    shipments, moves = wait_for(
+        lambda: (r := ledger_rows(db)) and len(r[0]) == 3 and r, 30, 0.1, message="3 shipments in the ledger"
+    )
+    assert set(shipments) == set(batches)
+    for key, rows in batches.items():
+        owner, job_id, row_count, result, state = shipments[key]
+        assert (owner, job_id, row_count, state) == ("owner-a", job_id_for(key[1], key[0]), len(rows), "whole")
+        assert result == '{"imported":%d,"batchId":"%s"}' % (len(rows), key[1])
+        assert moves[key] == receipts[key]
+    # stock = the sum of the distinct applied batches, per location
+    store = system.store()
+    assert store.stock_of(["SKU-A"])["SKU-A"] == 8
+    assert store.stock_of(["SKU-A"], "paris")["SKU-A"] == 7
+    # a second exporter finds nothing left to do: nothing twice
+    system.start_ledger(once=True).popen.wait(60)
+    assert ledger_rows(db)[0] == shipments
+
+
+def test_the_exporter_killed_again_and_again_mid_export_leaves_every_shipment_once(make_system: Any, make_database: Any) -> None:
+    """SIGKILL of `importer ledger` at random moments while it exports a backlog
+    in many small transactions (5 entries each): after every kill it resumes
+    from the committed cursor; in the end each shipment is in the ledger once
+    and its movements equal its receipt."""
+    db = make_database()
+    system = make_system(IMPORTER_DATABASE_URL=db, IMPORTER_LEDGER_BATCH="5", IMPORTER_RATE_LIMIT="0")
+    system.start_worker()
+    system.start_http()
+    n = 120
+    for i in range(n):
+        status, body = system.post_csv(f"kill-{i:03d}", shipment({f"SKU-{i % 7}": i + 1, "SKU-ALL": 1}))
+        assert status == 202, body
+    for i in range(n):
+        assert system.wait_state(job_id_for(f"kill-{i:03d}"), timeout=60)["state"] == "completed"
+    rng = random.Random(20261204)
+    kills = 0
+    while kills < 8:
+        proc = system.start_ledger()
+        time.sleep(rng.uniform(0.02, 0.25))
+        if proc.popen.poll() is None:
+            proc.signal(signal.SIGKILL)
+            proc.popen.wait(10)
+            kills += 1
+        if len(ledger_rows(db)[0]) == n:
+            break
+    system.start_ledger(once=True).popen.wait(120)
+    shipments, moves = ledger_rows(db)
+    assert len(shipments) == n
+    for i in range(n):
+        key = ("main", f"kill-{i:03d}")
+        assert moves[key] == stored_receipt_lines(system, key[1]), key
+    with psycopg.connect(db) as conn:
+        total = conn.execute("SELECT sum(quantity) FROM ledger_movements WHERE sku = 'SKU-ALL'").fetchone()
+    assert total == (n,)
+    assert system.store().stock_of(["SKU-ALL"])["SKU-ALL"] == n
+
+
+def test_redis_drops_what_the_ledger_holds_and_an_archived_batch_is_never_applied_again(make_system: Any, make_database: Any) -> None:
+    """Hot window 0 and a horizon of 1 s: once exported, the receipt and the
+    journal entry leave Redis, and the done marker too once its job record is
+    gone. The same batch posted again is a replay (stock unchanged); other
+    content under its batchId fails batch.conflict."""
+    db = make_database()
+    system = make_system(
+        IMPORTER_DATABASE_URL=db, IMPORTER_LEDGER_HOT_WINDOW="0", IMPORTER_IDEMPOTENCY_HORIZON="1",
+        IMPORTER_LEDGER_INTERVAL="0.05",
+    )
+    system.start_worker()
+    system.start_http()
+    data = shipment({"ARCH-1": 10, "ARCH-2": 2})
+    import_and_wait(system, "archived-1", data)
+    import_and_wait(system, "archived-2", shipment({"ARCH-1": 1}))
+    store = system.store()
+    k = store.partition("main")
+    system.start_ledger()
+    wait_for(lambda: store.client.xlen(k.journal) == 0, 30, 0.05, message="journal trimmed")
+    assert store.client.exists(k.receipt("archived-1"), k.receipt("archived-2")) == 0
+    assert len(ledger_rows(db)[0]) == 2
+    # the marker stays while its job record exists
+    time.sleep(1.5)
+    assert store.client.exists(k.done("archived-1")) == 1
+    store.delete_job_record(job_id_for("archived-1"))
+    wait_for(lambda: store.client.exists(k.done("archived-1")) == 0, 30, 0.05, message="marker pruned")
+    assert store.client.exists(k.done("archived-2")) == 1  # its record is still there
+    assert int(store.client.get(k.ledger_pruned)) >= 1
+
+    before = store.stock_of(["ARCH-1", "ARCH-2"])
+    again = import_and_wait(system, "archived-1", data)
+    assert again["state"] == "completed"
+    assert again["result"] == {"imported": 2, "batchId": "archived-1", "replay": True}
+    assert store.stock_of(["ARCH-1", "ARCH-2"]) == before
+    assert store.client.exists(k.done("archived-1")) == 0  # an archived batch is not brought back
+
+    store.delete_job_record(job_id_for("archived-1"))
+    other = import_and_wait(system, "archived-1", shipment({"ARCH-1": 99}))
+    assert other["state"] == "failed" and other["error"]["code"] == "batch.conflict"
+    assert store.stock_of(["ARCH-1", "ARCH-2"]) == before
+    assert len(ledger_rows(db)[0]) == 2
