@@ -200,6 +200,7 @@ def build_http(settings: Settings) -> HttpSide:
     # On the Redis transport the message is written with the job record, in
     # one script (one round trip per POST, no unsent window).
     store = RedisStore(client, settings, clock_ms=clock_ms, messages=queue.redis_message if queue.writes_to(client) else None)
+    store.history = open_ledger(settings)
     metrics = HttpMetrics(store)
     sender: MessageSender = queue
     if settings.fault:

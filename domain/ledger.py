@@ -24,6 +24,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
+from importer.domain.jobs import ShipmentRecord
 from importer.domain.receipt import STORED_LINE, whole_lines
 
 #: A Redis stream id as two integers (milliseconds, sequence): compared as
@@ -143,6 +144,16 @@ class ArchiveLookup(Protocol):
     """The door's question: which of these batches does the ledger hold at a location?"""
 
     def archived(self, location: str, batch_ids: list[str]) -> dict[str, ArchivedShipment]: ...
+
+
+class ShipmentHistory(Protocol):
+    """The history reads the API falls back on once Redis dropped a shipment's marker or receipt."""
+
+    def shipment(self, location: str, batch_id: str) -> tuple[ShipmentRecord, bool] | None:
+        """The archived done marker, and whether its receipt is whole (False: deleted before the export)."""
+        ...
+
+    def stored_receipt(self, location: str, batch_id: str) -> bytes: ...
 
 
 class Ledger(Protocol):

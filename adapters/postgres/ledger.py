@@ -7,6 +7,7 @@ location first, as every primary key starts with it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -15,6 +16,7 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from importer.adapters.postgres.migrations import applied_version, latest_version, migrate
+from importer.domain.jobs import ShipmentRecord
 from importer.domain.ledger import (
     ArchivedShipment, JournalEntry, ReceiptSource, StreamId, movements,
 )
@@ -35,6 +37,39 @@ def ledger_errors() -> Iterator[None]:
         yield
     except (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction, PoolTimeout) as exc:
         raise LedgerUnavailable(f"{type(exc).__name__}: {exc}") from exc
+
+
+class LedgerReads:
+    """[ledger] History reads of the API (mixed into PostgresLedger)."""
+
+    pool: ConnectionPool
+
+    def shipment(self, location: str, batch_id: str) -> tuple[ShipmentRecord, bool] | None:
+        """What the done marker of an archived batch said, and whether its receipt is whole."""
+        with ledger_errors(), self.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT owner, applied_at_ms, result, content_sha256, job_id, receipt FROM ledger_shipments"
+                " WHERE location = %s AND batch_id = %s",
+                (location, batch_id),
+            ).fetchone()
+        if row is None:
+            return None
+        record = ShipmentRecord(
+            batch_id=batch_id, owner=str(row[0]), applied_at_ms=int(row[1]), result=json.loads(row[2]),
+            content_sha256=str(row[3]), job_id=str(row[4]),
+        )
+        return record, row[5] == "whole"
+
+    def stored_receipt(self, location: str, batch_id: str) -> bytes:
+        """The receipt in its stored form ('sku,before,quantity\\n' per line, in file order),
+        rebuilt from the movements: the same bytes apply.lua wrote."""
+        with ledger_errors(), self.pool.connection() as conn:
+            with conn.cursor() as cur:
+                cur.execute(
+                    "SELECT sku, before, quantity FROM ledger_movements WHERE location = %s AND batch_id = %s ORDER BY line",
+                    (location, batch_id),
+                )
+                return "".join(f"{sku},{before},{quantity}\n" for sku, before, quantity in cur).encode()
 
 
 class PostgresExportClaim:
@@ -95,7 +130,7 @@ class PostgresExportClaim:
         self.cursor = to
 
 
-class PostgresLedger:
+class PostgresLedger(LedgerReads):
     """The Ledger port, plus the history reads of the API and the checks of the operator."""
 
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8, connect_timeout: float = 5) -> None:
@@ -163,3 +198,4 @@ class PostgresLedger:
                 (location, batch_ids),
             ).fetchall()
         return {str(r[0]): ArchivedShipment(str(r[1]), str(r[2])) for r in rows}
+

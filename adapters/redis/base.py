@@ -13,7 +13,7 @@ from importer.adapters.redis.keys import Keys
 from importer.adapters.redis.records import MessageWriter, text_of
 from importer.adapters.redis.scripts import SCRIPT_NAMES, lua_source
 from importer.adapters.settings import Settings
-from importer.domain.ledger import ArchiveLookup
+from importer.domain.ledger import ArchiveLookup, ShipmentHistory
 from importer.domain.locations import MAIN, location_of_job
 
 
@@ -40,6 +40,8 @@ class RedisStoreBase:
         #: [ledger] Where the worker asks about a batch whose done marker may have left
         #: Redis (the door, apply.lua); None: no ledger configured.
         self.archive: ArchiveLookup | None = None
+        #: [ledger] Where owner reads find a shipment Redis no longer holds; None: no ledger.
+        self.history: ShipmentHistory | None = None
         self._scripts = {name: client.register_script(lua_source(name)) for name in SCRIPT_NAMES}
 
     def partition(self, location: str) -> Keys:

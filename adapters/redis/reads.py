@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from importer.adapters.redis.base import RedisStoreBase
-from importer.adapters.redis.errors import store_errors
+from importer.adapters.redis.errors import StoreUnavailable, store_errors
 from importer.adapters.redis.records import (
     bytes_of, event_dict, job_record, json_or_none, rejection_report, scored_members, shipment_record, text_of,
     xread_entries,
@@ -34,7 +34,21 @@ class JobReads(RedisStoreBase):
     def get_owned_shipment(self, batch_id: str, owner: str, location: str = MAIN) -> ShipmentRecord | None:
         """The done marker, or None when the batch was never applied at the location or is another owner's."""
         raw = self._owned(self.partition(location).done(batch_id), owner)
-        return shipment_record(raw) if raw else None
+        if raw:
+            return shipment_record(raw)
+        archived = self._archived(location, batch_id, owner)
+        return archived[0] if archived else None
+
+    def _archived(self, location: str, batch_id: str, owner: str) -> tuple[ShipmentRecord, bool] | None:
+        """[ledger] The shipment as the ledger holds it, for its owner only (None otherwise,
+        or without a ledger); the ledger unreachable is the store unavailable (503)."""
+        if self.history is None:
+            return None
+        try:
+            found = self.history.shipment(location, batch_id)
+        except Exception as exc:  # the ledger's own errors, whatever the adapter
+            raise StoreUnavailable(f"the ledger did not answer: {exc}", "ledger_unreachable") from exc
+        return found if found is not None and found[0].owner == owner else None
 
     def get_owned_receipt(self, batch_id: str, owner: str, head_bytes: int, location: str = MAIN) -> StoredReceipt | None:
         """The batch's receipt with its done marker and first ``head_bytes`` bytes, or None when the
@@ -42,10 +56,25 @@ class JobReads(RedisStoreBase):
         k = self.partition(location)
         with store_errors():
             reply = self._script("read_receipt", keys=[k.done(batch_id), k.receipt(batch_id)], args=[owner, max(1, head_bytes)])
-        if not reply:
-            return None
-        flat, size, head = reply
-        return StoredReceipt(shipment_record(dict(zip(flat[::2], flat[1::2]))), int(size), bytes(head))
+        if reply and int(reply[1]) > 0:
+            flat, size, head = reply
+            return StoredReceipt(shipment_record(dict(zip(flat[::2], flat[1::2]))), int(size), bytes(head))
+        # [ledger] Not in Redis, or its receipt dropped past the hot window: the ledger's, whole.
+        archived = self._archived(location, batch_id, owner)
+        if archived is None:
+            if not reply:
+                return None
+            flat = reply[0]
+            return StoredReceipt(shipment_record(dict(zip(flat[::2], flat[1::2]))), 0, b"")
+        record, whole = archived
+        if not whole:
+            return StoredReceipt(record, 0, b"")
+        assert self.history is not None
+        try:
+            data = self.history.stored_receipt(location, batch_id)
+        except Exception as exc:
+            raise StoreUnavailable(f"the ledger did not answer: {exc}", "ledger_unreachable") from exc
+        return StoredReceipt(record, len(data), data)
 
     def read_receipt(self, batch_id: str, start: int, length: int, location: str = MAIN) -> bytes:
         """Bytes ``start`` to ``start + length`` of a receipt (GETRANGE), after get_owned_receipt

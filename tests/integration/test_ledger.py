@@ -148,10 +148,22 @@ def test_redis_drops_what_the_ledger_holds_and_an_archived_batch_is_never_applie
     import_and_wait(system, "archived-2", shipment({"ARCH-1": 1}))
     store = system.store()
     k = store.partition("main")
+    reads = ["/api/shipments/archived-1", "/api/shipments/archived-1/receipt"]
+    answers = {path: system.request("GET", path) for path in reads}
+    answers_csv = {path: system.request("GET", path, headers={"Accept": "text/csv"}) for path in reads}
+    assert all(status == 200 for status, _, _ in answers.values())
+
+    def same_answers(moment: str) -> None:
+        for path in reads:
+            assert system.request("GET", path)[2] == answers[path][2], (moment, path)
+            assert system.request("GET", path, headers={"Accept": "text/csv"})[2] == answers_csv[path][2], (moment, path)
+        assert system.request("GET", "/api/shipments/archived-1", key=system.other_key)[0] == 404
+
     system.start_ledger()
     wait_for(lambda: store.client.xlen(k.journal) == 0, 30, 0.05, message="journal trimmed")
     assert store.client.exists(k.receipt("archived-1"), k.receipt("archived-2")) == 0
     assert len(ledger_rows(db)[0]) == 2
+    same_answers("receipt only in the ledger")
     # the marker stays while its job record exists
     time.sleep(1.5)
     assert store.client.exists(k.done("archived-1")) == 1
@@ -159,6 +171,7 @@ def test_redis_drops_what_the_ledger_holds_and_an_archived_batch_is_never_applie
     wait_for(lambda: store.client.exists(k.done("archived-1")) == 0, 30, 0.05, message="marker pruned")
     assert store.client.exists(k.done("archived-2")) == 1  # its record is still there
     assert int(store.client.get(k.ledger_pruned)) >= 1
+    same_answers("marker and receipt only in the ledger")
 
     before = store.stock_of(["ARCH-1", "ARCH-2"])
     again = import_and_wait(system, "archived-1", data)
