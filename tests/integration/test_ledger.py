@@ -185,3 +185,111 @@ def test_redis_drops_what_the_ledger_holds_and_an_archived_batch_is_never_applie
     assert other["state"] == "failed" and other["error"]["code"] == "batch.conflict"
     assert store.stock_of(["ARCH-1", "ARCH-2"]) == before
     assert len(ledger_rows(db)[0]) == 2
+
+
+class HeldLedger:
+    """The worker's ledger lookups, held at the point between the ledger's
+    answer and the apply that uses it: ``meanwhile`` (the other side) runs
+    there on the first call, then the real ledger answers as of before it."""
+
+    def __init__(self, ledger: Any, meanwhile: Any) -> None:
+        self.ledger = ledger
+        self.meanwhile = meanwhile
+        self.calls: list[list[str]] = []
+
+    def archived(self, location: str, batch_ids: list[str]) -> Any:
+        self.calls.append(list(batch_ids))
+        answer = self.ledger.archived(location, batch_ids)
+        if len(self.calls) == 1:
+            self.meanwhile()
+        return answer
+
+
+def test_a_pruning_between_the_ledgers_answer_and_the_apply_makes_the_apply_ask_again(make_system: Any, make_database: Any) -> None:
+    """The interleaving forced: an apply asks the ledger about a new batch (the
+    location already pruned markers); after the ledger answered and before the
+    apply runs, the exporter prunes another marker. The apply must not use the
+    older answer: it asks again, then applies the batch once."""
+    from importer.adapters.postgres.ledger import PostgresLedger
+    from importer.domain.shipment import Shipment, parse_shipment
+
+    db = make_database()
+    system = make_system(
+        IMPORTER_DATABASE_URL=db, IMPORTER_LEDGER_HOT_WINDOW="0", IMPORTER_IDEMPOTENCY_HORIZON="0",
+    )
+    system.start_worker()
+    system.start_http()
+    for batch_id in ("gone-1", "gone-2"):
+        import_and_wait(system, batch_id, shipment({"HOLD-OLD": 1}))
+    store = system.store()
+    k = store.partition("main")
+    store.delete_job_record(job_id_for("gone-1"))
+    system.start_ledger(once=True).popen.wait(60)
+    assert store.client.exists(k.done("gone-1")) == 0 and store.client.exists(k.done("gone-2")) == 1
+    pruned_before = int(store.client.get(k.ledger_pruned))
+    for proc in system.procs:
+        if proc.name == "worker":
+            proc.stop()  # the test is the worker from here
+
+    status, accepted = system.post_csv("held-new", shipment({"HOLD-NEW": 5}))
+    assert status == 202, accepted
+    record = store.get_job(job_id_for("held-new"))
+    assert record is not None
+
+    def exporter_prunes_another_marker() -> None:
+        store.delete_job_record(job_id_for("gone-2"))
+        assert store.prune_markers("main", store.server_time_ms(), recheck_ms=1000) == 1
+
+    ledger = PostgresLedger(db).open()
+    try:
+        store.archive = held = HeldLedger(ledger, exporter_prunes_another_marker)
+        parsed = parse_shipment(shipment({"HOLD-NEW": 5}))
+        assert isinstance(parsed, Shipment)
+        outcome, applied = store.start_and_apply(
+            job_id=job_id_for("held-new"), upload_id=record.upload_id, batch_id="held-new", shipment=parsed,
+        )
+    finally:
+        ledger.close()
+    assert held.calls == [["held-new"], ["held-new"]]  # asked, a pruning happened, asked again
+    assert int(store.client.get(k.ledger_pruned)) == pruned_before + 1
+    assert outcome.kind == "started" and applied is not None and applied.kind == "applied"
+    assert store.stock_of(["HOLD-NEW"])["HOLD-NEW"] == 5
+
+
+def test_ledger_unreachable_an_import_that_only_the_ledger_can_vouch_for_waits_and_others_apply(
+    make_system: Any, make_database: Any,
+) -> None:
+    """PostgreSQL refusing connections (the worker's URL names a closed port):
+    at a location where markers were pruned, a new batch is not applied on a
+    guess: its attempt is an outage (not counted) and it waits; at a location
+    that never pruned a marker, imports apply as usual. The POSTs answer 202:
+    no POST waits for the ledger. Once the ledger answers, the waiting import completes."""
+    from tests.integration.support import free_port
+
+    db = make_database()
+    system = make_system(
+        IMPORTER_DATABASE_URL=db, IMPORTER_LEDGER_HOT_WINDOW="0", IMPORTER_IDEMPOTENCY_HORIZON="0",
+    )
+    worker = system.start_worker()
+    system.start_http()
+    import_and_wait(system, "down-old", shipment({"DOWN-1": 1}))
+    store = system.store()
+    k = store.partition("main")
+    store.delete_job_record(job_id_for("down-old"))
+    system.start_ledger(once=True).popen.wait(60)
+    assert store.client.exists(k.done("down-old")) == 0
+    worker.stop()
+    system.start_worker(IMPORTER_DATABASE_URL=f"postgresql://postgres@127.0.0.1:{free_port()}/none")
+
+    status, _ = system.post_csv("down-new", shipment({"DOWN-2": 2}))
+    assert status == 202
+    assert import_and_wait(system, "elsewhere", shipment({"DOWN-3": 3}), "lyon")["state"] == "completed"
+    time.sleep(3)
+    status, record = system.get_job(job_id_for("down-new"))
+    assert status == 200 and record["state"] in ("waiting", "active", "retrying"), record
+    assert store.stock_of(["DOWN-2"])["DOWN-2"] == 0
+
+    system.start_worker()  # one that reaches the ledger
+    done = system.wait_state(job_id_for("down-new"), timeout=90)
+    assert done["state"] == "completed" and done["result"] == {"imported": 1, "batchId": "down-new"}
+    assert store.stock_of(["DOWN-2"])["DOWN-2"] == 2
