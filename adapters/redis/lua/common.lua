@@ -7,10 +7,14 @@
 -- KEYS (every one of them; see "Job steps" below):
 --   P:stock                 hash    sku -> units on hand
 --   P:generation            string  bumped once per applied shipment
---   P:done:<batchId>        hash    done marker: result, contentSha256, owner, appliedAt, jobId (kept forever)
---   P:journal               stream  one entry per applied shipment (kept forever)
---   P:receipt:<batchId>     string  receipt: 'sku,before,after\n' per row in file order, written by apply.lua
---                                   with the done marker (kept forever, never rewritten; domain/receipt.py)
+--   P:done:<batchId>        hash    done marker: result, contentSha256, owner, appliedAt, jobId (kept forever
+--                                   without a ledger; with one, until the idempotency horizon: ledger_prune.lua)
+--   P:journal               stream  one entry per applied shipment: the ledger's outbox (kept forever without
+--                                   a ledger; with one, until exported and past the hot window: ledger_trim.lua)
+--   P:receipt:<batchId>     string  receipt: 'sku,before,quantity\n' per row in file order, written by apply.lua
+--                                   with the done marker (never rewritten; domain/receipt.py; kept as the journal entry)
+--   P:ledger:markers        zset    [ledger] batchId -> appliedAt: markers whose batch the ledger holds, to prune
+--   P:ledger:pruned         string  [ledger] how many prunings of done markers happened here (apply.lua's door)
 --   P:job:<jobId>           hash    job record (removed by retention)
 --   P:job:<jobId>:rejections string JSON {found, issues}: the located issues a failed validation
 --                                   kept (its rejection report, fail.lua); removed with the record
