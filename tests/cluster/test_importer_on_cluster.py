@@ -65,8 +65,14 @@ def _get(system: System, path: str, key: str | None = "default") -> tuple[int, A
 
 
 @pytest.mark.parametrize("transport", ["redis", "rabbitmq"])
-def test_six_locations_on_three_masters_end_to_end(redis_cluster: LocalCluster, tmp_path: Path, transport: str) -> None:
-    system = cluster_system(redis_cluster, tmp_path, transport)
+def test_six_locations_on_three_masters_end_to_end(
+    redis_cluster: LocalCluster, tmp_path: Path, transport: str, make_database: Any,
+) -> None:
+    # [ledger] on, with no hot window and no horizon: the exporter and its trims run on the cluster too.
+    system = cluster_system(
+        redis_cluster, tmp_path, transport, IMPORTER_DATABASE_URL=make_database(),
+        IMPORTER_LEDGER_HOT_WINDOW="0", IMPORTER_IDEMPOTENCY_HORIZON="0",
+    )
     try:
         _end_to_end(redis_cluster, system)
     finally:
@@ -121,6 +127,18 @@ def _end_to_end(cluster: LocalCluster, system: System) -> None:
             assert status == 200 and [i["after"] for i in receipt["items"]] == list(SEED_SKUS.values())
             status, shipment = _get(system, f"/api/shipments/c-1?location={location}")
             assert status == 200 and shipment["location"] == location
+        # [ledger] one exporter pass: every location's shipment in PostgreSQL, its receipt
+        # then dropped from Redis and read from the ledger with the same bytes.
+        receipts = {loc: system.request("GET", f"/api/shipments/c-1/receipt?location={loc}")[2] for loc in locations}
+        assert system.start_ledger(once=True).popen.wait(60) == 0
+        import psycopg
+
+        with psycopg.connect(system.env["IMPORTER_DATABASE_URL"]) as conn:
+            held = conn.execute("SELECT location, count(*) FROM ledger_movements WHERE batch_id = 'c-1' GROUP BY location").fetchall()
+        assert dict(held) == {loc: len(SEED_SKUS) for loc in locations}
+        for location in locations:
+            assert store.client.exists(store.partition(location).receipt("c-1")) == 0
+            assert system.request("GET", f"/api/shipments/c-1/receipt?location={location}")[2] == receipts[location]
         status, page = _get(system, "/api/imports?limit=100")
         assert status == 200 and len(page["items"]) == 8
         status, page = _get(system, f"/api/imports?location={locations[1]}")
