@@ -81,23 +81,23 @@ class PostgresExportClaim:
         self.cursor = cursor
 
     def write(self, entries: list[JournalEntry], receipts: ReceiptSource) -> list[str]:
-        inserted: set[str] = set()
-        with self.conn.cursor() as cur:
-            rows = [
-                (e.location, e.batch_id, e.owner, e.job_id, e.content_sha256, e.rows, e.result, e.applied_at_ms,
-                 e.stream_id[0], e.stream_id[1])
-                for e in entries
-            ]
-            # Idempotent by primary key: a shipment already in the ledger is left as it is.
-            for row in rows:
-                cur.execute(
-                    "INSERT INTO ledger_shipments (location, batch_id, owner, job_id, content_sha256, row_count, result,"
-                    " applied_at_ms, journal_ms, journal_seq, receipt) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,'whole')"
-                    " ON CONFLICT (location, batch_id) DO NOTHING RETURNING batch_id",
-                    row,
-                )
-                if cur.fetchone() is not None:
-                    inserted.add(row[1])
+        # Idempotent by primary key: a shipment already in the ledger is left as it is.
+        # One statement for the whole batch (unnest of one array per column).
+        columns = list(zip(*(
+            (e.location, e.batch_id, e.owner, e.job_id, e.content_sha256, e.rows, e.result, e.applied_at_ms,
+             e.stream_id[0], e.stream_id[1])
+            for e in entries
+        )))
+        rows = self.conn.execute(
+            "INSERT INTO ledger_shipments (location, batch_id, owner, job_id, content_sha256, row_count, result,"
+            " applied_at_ms, journal_ms, journal_seq, receipt)"
+            " SELECT l, b, o, j, c, n, r, a, ms, seq, 'whole' FROM unnest("
+            "%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::int[], %s::text[], %s::bigint[],"
+            " %s::bigint[], %s::bigint[]) AS u(l, b, o, j, c, n, r, a, ms, seq)"
+            " ON CONFLICT (location, batch_id) DO NOTHING RETURNING batch_id",
+            [list(column) for column in columns],
+        ).fetchall()
+        inserted = {str(r[0]) for r in rows}
         missing: list[str] = []
         fresh = [e for e in entries if e.batch_id in inserted]
         if not fresh:

@@ -47,6 +47,7 @@ class Exporter:
         Returns the entries this pass committed."""
         s = self.settings
         total = 0
+        now = self.store.server_time_ms()
         for location in self.store.locations():
             while True:
                 report = export_location(self.store, self.ledger, location, max_entries=s.ledger_batch, log=_log)
@@ -58,9 +59,8 @@ class Exporter:
                     break
             if report.held_elsewhere:
                 continue
-            committed = self.ledger.cursor(location)
-            now = self.store.server_time_ms()
-            while self.store.trim_exported(location, committed, now - int(s.ledger_hot_window_s * 1000)) > 0:
+            # The cursor this exporter's last transaction committed (or found, with nothing new).
+            while self.store.trim_exported(location, report.cursor, now - int(s.ledger_hot_window_s * 1000)) > 0:
                 pass
             recheck = max(1000, int(min(s.idempotency_horizon_s, 3600) * 1000))
             while self.store.prune_markers(location, now - int(s.idempotency_horizon_s * 1000), recheck_ms=recheck) > 0:

@@ -99,7 +99,9 @@ def test_the_exporter_killed_again_and_again_mid_export_leaves_every_shipment_on
     from the committed cursor; in the end each shipment is in the ledger once
     and its movements equal its receipt."""
     db = make_database()
-    system = make_system(IMPORTER_DATABASE_URL=db, IMPORTER_LEDGER_BATCH="5", IMPORTER_RATE_LIMIT="0")
+    system = make_system(IMPORTER_DATABASE_URL=db, IMPORTER_LEDGER_BATCH="5", IMPORTER_RATE_LIMIT="0",
+        IMPORTER_KEEP_COMPLETED_COUNT="1000",  # every record stays to be awaited
+    )
     system.start_worker()
     system.start_http()
     n = 120
