@@ -30,7 +30,7 @@ from importer.adapters.dramatiq.rabbitmq import BoundedRabbitmqBroker
 from importer.adapters.dramatiq.runner import ImportRunner, declare_import_actor
 from importer.adapters.redis.client import ImporterRedis, ImporterRedisCluster, RedisClient
 from importer.adapters.redis.errors import StoreUnavailable
-from importer.adapters.postgres.ledger import PostgresLedger
+from importer.adapters.postgres.ledger import LedgerUnavailable, PostgresLedger
 from importer.adapters.redis.store import RedisStore
 from importer.adapters.settings import Settings, SettingsError
 from importer.adapters.dramatiq.presence import WorkerPresence
@@ -200,7 +200,7 @@ def build_http(settings: Settings) -> HttpSide:
     # On the Redis transport the message is written with the job record, in
     # one script (one round trip per POST, no unsent window).
     store = RedisStore(client, settings, clock_ms=clock_ms, messages=queue.redis_message if queue.writes_to(client) else None)
-    store.history = open_ledger(settings)
+    store.history = ledger = open_ledger(settings)
     metrics = HttpMetrics(store)
     sender: MessageSender = queue
     if settings.fault:
@@ -234,6 +234,8 @@ def build_http(settings: Settings) -> HttpSide:
         release_memory=release_free_memory,
         producer_version=settings.producer_version,
         default_location=settings.default_location,
+        history=ledger,
+        ledger_errors=(LedgerUnavailable,),
     )
     keys = KeyRing.parse(settings.api_keys)
     if not keys.entries:

@@ -25,12 +25,24 @@ from importer.domain.errors import LocationNotAllowed
 NO_OWNER = "-"
 
 
+#: The scope of a key that may read stock levels and every owner's stock movements
+#: (GET /api/stock, /api/stock/{sku}, /api/stock-movements): stock belongs to the business.
+STOCK_READ = "stock:read"
+#: Every scope a key may carry (``importer keys create NAME --scopes stock:read``).
+SCOPES = frozenset({STOCK_READ})
+
+
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """An authenticated producer: its owner and the locations its key allows (None: every one)."""
+    """An authenticated producer: its owner, the locations its key allows (None: every one) and its scopes."""
 
     owner: str
     locations: frozenset[str] | None = None
+    scopes: frozenset[str] = frozenset()
+
+    @property
+    def reads_stock(self) -> bool:
+        return STOCK_READ in self.scopes
 
     def may_use(self, location: str) -> bool:
         return self.locations is None or location in self.locations

@@ -46,6 +46,8 @@ EXPLANATIONS: dict[str, tuple[str, str]] = {
     "request.rate_limited": ("Too many requests", "This producer sent too many imports in a short time. Wait for the number of seconds in Retry-After, then send again."),
     "request.method_not_allowed": ("Method not allowed", "See openapi.yaml for the methods of this path."),
     "auth.required": ("API key required", "Send 'Authorization: Bearer <key>' with a key issued for your producer."),
+    "auth.scope_required": ("API key may not read stock", "Stock levels belong to the business, not to one producer: this route needs a key with the stock:read scope (importer keys create NAME --scopes stock:read). Your own movements: GET /api/stock-movements."),
+    "ledger.unavailable": ("History unavailable", "The stock history (the ledger) cannot be read now: it is not reachable, or this deployment keeps none (IMPORTER_DATABASE_URL). Retry later; imports are not affected."),
     "job.not_found": ("No such import job", "The job record does not exist or was removed by retention some time after it finished. A missing record does not mean the batch was never applied: read GET /api/shipments/{batchId} for the durable history."),
     "job.not_retryable": ("Import cannot be retried", "Only a failed import whose failure a retry can change (its attempts ran out, its time limit, the store or a worker was lost, a message or contract version the workers did not take) can be retried. 'detail' says why this one cannot; a failed CSV validation, a conflict or an overflow needs a new file under a new batchId."),
     "rejections.not_found": ("No rejection report for this import", "Only an import that failed CSV validation has a rejection report. Read GET /api/imports/{jobId}: its state and error say what happened."),

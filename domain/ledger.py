@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -26,12 +27,21 @@ from typing import Protocol
 
 from importer.domain.jobs import ShipmentRecord
 from importer.domain.receipt import STORED_LINE, whole_lines
+from importer.domain.shipment import SKU_PATTERN
 
 #: A Redis stream id as two integers (milliseconds, sequence): compared as
 #: numbers, never as the string "ms-seq" (where "9-0" > "10-0").
 StreamId = tuple[int, int]
 
 ZERO: StreamId = (0, 0)
+
+
+_SKU = re.compile(SKU_PATTERN)
+
+
+def is_valid_sku(value: object) -> bool:
+    """A SKU as the CSV rules have it (a filter of the history reads)."""
+    return isinstance(value, str) and _SKU.fullmatch(value) is not None
 
 
 def parse_stream_id(text: str) -> StreamId:
@@ -154,6 +164,67 @@ class ShipmentHistory(Protocol):
         ...
 
     def stored_receipt(self, location: str, batch_id: str) -> bytes: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerShipment:
+    """One applied shipment as the ledger lists it."""
+
+    location: str
+    batch_id: str
+    applied_at_ms: int
+    result: str
+    content_sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerMovement:
+    """One line of an applied shipment as the ledger lists it."""
+
+    location: str
+    batch_id: str
+    line: int
+    sku: str
+    before: int
+    quantity: int
+    after: int
+    applied_at_ms: int
+    owner: str
+
+
+#: A position in a newest-first list: (applied_at_ms, location, batchId, line).
+Position = tuple[int, str, str, int]
+
+
+@dataclass(frozen=True)
+class MovementFilter:
+    """What GET /api/stock-movements asks for. ``owner`` None: every owner's (a stock reader)."""
+
+    owner: str | None
+    locations: frozenset[str] | None = None
+    sku: str | None = None
+    batch_id: str | None = None
+    from_ms: int | None = None
+    to_ms: int | None = None
+
+
+class History(Protocol):
+    """The ledger's lists and stock as of a time (GET /api/shipments, /api/stock-movements, /api/stock)."""
+
+    def list_shipments(
+        self, owner: str, *, locations: frozenset[str] | None, from_ms: int | None, to_ms: int | None,
+        limit: int, after: Position | None,
+    ) -> list[LedgerShipment]: ...
+
+    def list_movements(self, where: MovementFilter, *, limit: int | None, after: Position | None) -> Iterator[LedgerMovement]:
+        """Newest first; limit None: all of them, read in batches (memory stays bounded)."""
+        ...
+
+    def stock_as_of(self, location: str, as_of_ms: int, *, limit: int, after_sku: str | None) -> list[tuple[str, int]]:
+        """(sku, units) after every shipment applied before ``as_of_ms``, by SKU."""
+        ...
+
+    def sku_as_of(self, location: str, sku: str, as_of_ms: int) -> int | None: ...
 
 
 class Ledger(Protocol):

@@ -238,7 +238,17 @@ class StoreHealth(Protocol):
     def live_workers(self) -> dict[str, frozenset[int]]: ...
 
 
-class JobStore(JobRecorder, RetryStore, JobReads, ReceiptStore, JobEventSource, StoreHealth, Protocol):
+class StockNow(Protocol):
+    """A location's stock as the live store holds it (GET /api/stock without asOf)."""
+
+    def stock_now(self, location: str, *, limit: int, cursor: int) -> tuple[list[tuple[str, int]], int]:
+        """One page of (sku, units) and the next cursor (0 at the end)."""
+        ...
+
+    def sku_now(self, location: str, sku: str) -> int | None: ...
+
+
+class JobStore(JobRecorder, RetryStore, JobReads, ReceiptStore, JobEventSource, StoreHealth, StockNow, Protocol):
     """Everything the HTTP side needs of the store."""
 
 

@@ -23,6 +23,7 @@ from marshmallow import ValidationError
 from importer.domain.contract import CURRENT_VERSION, live_workers_can_run
 from importer.domain.errors import RateLimited
 from importer.domain.jobs import JobRecord
+from importer.domain.ledger import History
 from importer.domain.ports import JobStore, MessageSender
 from importer.domain.retry_import import retry_refusal
 from importer.domain.locations import LOCATION_PATTERN, MAIN, is_valid_location, location_of_job
@@ -96,6 +97,10 @@ class Api:
     producer_version: int = CURRENT_VERSION
     #: The stock location of a request that names none (IMPORTER_DEFAULT_LOCATION).
     default_location: str = MAIN
+    #: [ledger] The history's reads (PostgreSQL); None: no ledger (those routes answer 503 ledger.unavailable).
+    history: History | None = None
+    #: [ledger] Exceptions meaning "the ledger cannot be read": answered 503 ledger.unavailable.
+    ledger_errors: tuple[type[BaseException], ...] = ()
 
 
 def _time(ms: int | None) -> datetime | None:

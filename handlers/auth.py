@@ -16,7 +16,7 @@ import re
 import secrets
 from dataclasses import dataclass
 
-from importer.domain.access import Principal
+from importer.domain.access import SCOPES, Principal
 from importer.domain.locations import LOCATION_RULE, is_valid_location
 
 OWNER_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -39,10 +39,22 @@ def new_key() -> str:
     return "imp_" + secrets.token_urlsafe(32)
 
 
-def key_line(owner: str, digest: str, locations: tuple[str, ...] = ()) -> str:
+def key_line(owner: str, digest: str, locations: tuple[str, ...] = (), scopes: tuple[str, ...] = ()) -> str:
     """The configuration line of a key (what ``importer keys create`` prints)."""
     line = f"{owner}:{digest}"
-    return f"{line} locations={LOCATION_SEPARATOR.join(locations)}" if locations else line
+    if locations:
+        line += f" locations={LOCATION_SEPARATOR.join(locations)}"
+    if scopes:
+        line += f" scopes={LOCATION_SEPARATOR.join(scopes)}"
+    return line
+
+
+def parse_scopes(text: str) -> frozenset[str]:
+    """The scopes of ``scopes=`` (``stock:read``); KeyConfigError for an unknown one."""
+    names = [name.strip() for name in text.split(LOCATION_SEPARATOR)]
+    if not names or not all(name in SCOPES for name in names):
+        raise KeyConfigError(f"scopes= takes one or more of {', '.join(sorted(SCOPES))} separated by '{LOCATION_SEPARATOR}'")
+    return frozenset(names)
 
 
 def parse_locations(text: str) -> frozenset[str]:
@@ -58,6 +70,8 @@ class KeyRing:
     entries: tuple[tuple[str, str], ...]  # (owner, sha256 hex)
     #: The locations each entry's key allows (None: every one), by entry index.
     allowed: tuple[frozenset[str] | None, ...] = ()
+    #: The scopes each entry's key carries, by entry index.
+    scopes: tuple[frozenset[str], ...] = ()
 
     @classmethod
     def parse(cls, text: str) -> "KeyRing":
@@ -65,6 +79,7 @@ class KeyRing:
         followed by `` locations=a|b``; '#' starts a comment."""
         entries = []
         allowed: list[frozenset[str] | None] = []
+        scopes: list[frozenset[str]] = []
         for raw in re.split(r"[\n,]", text):
             item = raw.split("#", 1)[0].strip()
             if not item:
@@ -75,14 +90,21 @@ class KeyRing:
             if not sep or not OWNER_PATTERN.match(owner) or not _HEX64.match(digest):
                 raise KeyConfigError("each API key entry must be 'owner:<64 hex sha256>' (then optionally ' locations=a|b')")
             locations: frozenset[str] | None = None
+            granted: frozenset[str] | None = None
             for option in options:
                 name, eq, value = option.partition("=")
-                if name != "locations" or not eq or locations is not None:
-                    raise KeyConfigError(f"after an API key's hash only one ' locations=a{LOCATION_SEPARATOR}b' may follow")
-                locations = parse_locations(value)
+                if name == "locations" and eq and locations is None:
+                    locations = parse_locations(value)
+                elif name == "scopes" and eq and granted is None:
+                    granted = parse_scopes(value)
+                else:
+                    raise KeyConfigError(
+                        f"after an API key's hash only ' locations=a{LOCATION_SEPARATOR}b' and ' scopes=stock:read' may follow, once each"
+                    )
             entries.append((owner, digest))
             allowed.append(locations)
-        return cls(tuple(entries), tuple(allowed))
+            scopes.append(granted or frozenset())
+        return cls(tuple(entries), tuple(allowed), tuple(scopes))
 
     def principal_for(self, presented: str) -> Principal | None:
         """The owner of the presented key and the locations it allows, or None for an unknown key.
@@ -91,7 +113,10 @@ class KeyRing:
         found: Principal | None = None
         for index, (owner, expected) in enumerate(self.entries):
             if hmac.compare_digest(digest, expected):
-                found = Principal(owner, self.allowed[index] if index < len(self.allowed) else None)
+                found = Principal(
+                    owner, self.allowed[index] if index < len(self.allowed) else None,
+                    self.scopes[index] if index < len(self.scopes) else frozenset(),
+                )
         return found
 
     def owner_for(self, presented: str) -> str | None:

@@ -20,6 +20,7 @@ HTTP_STATUS: dict[str, int] = {
     "request.bad_digest": 400,
     "request.digest_mismatch": 400,
     "auth.required": 401,
+    "auth.scope_required": 403,
     "request.not_found": 404,
     "job.not_found": 404,
     "shipment.not_found": 404,
@@ -42,6 +43,7 @@ HTTP_STATUS: dict[str, int] = {
     "service.unavailable": 503,
     "service.busy": 503,
     "contract.no_worker": 503,
+    "ledger.unavailable": 503,
 }
 
 #: Response headers that come with a code (documented in the OpenAPI document).
@@ -52,6 +54,7 @@ HEADERS_OF: dict[str, dict[str, str]] = {
     "service.unavailable": {"Retry-After": "Seconds to wait."},
     "service.busy": {"Retry-After": "Seconds to wait."},
     "contract.no_worker": {"Retry-After": "Seconds to wait."},
+    "ledger.unavailable": {"Retry-After": "Seconds to wait."},
 }
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from importer.domain.shipment import BATCH_ID_PATTERN
 from importer.handlers import api as h
-from importer.handlers import console, my_imports, receipts, rejections
+from importer.handlers import console, history, my_imports, receipts, rejections
 from importer.handlers.schemas import LOCATION_PARAMETER
 from importer.handlers.answers import answer_for
 from importer.handlers.auth import KeyRing, bearer_token
@@ -251,6 +251,7 @@ ROUTES: tuple[Route, ...] = (
     }, errors=(*_API_ERRORS, "job.not_found"), error_notes={
         "job.not_found": _JOB_NOT_FOUND,
     }),
+    *(Route(**spec) for spec in history.ROUTE_SPECS),
     Route("GET", "/api/shipments/{batchId}", h.get_shipment, {
         "operationId": "getShipment",
         "summary": "Whether and when one of your batches was applied (durable history)",

@@ -207,6 +207,59 @@ class ReceiptSchema(Schema):
     })
 
 
+class ShipmentListSchema(Schema):
+    """GET /api/shipments: the caller's applied shipments as the ledger holds them, newest first."""
+
+    items = fields.List(fields.Nested(ShipmentSchema), required=True, metadata={
+        "description": "Each as GET /api/shipments/{batchId} answers it; newest first (by appliedAt).",
+    })
+    nextCursor = fields.String(required=True, allow_none=True, metadata={"description": "Pass as ?cursor= for the next page; null at the end."})
+
+
+class MovementSchema(Schema):
+    """One line of an applied shipment: what it did to one SKU's stock at one location."""
+
+    location = location_field(required=True)
+    batchId = fields.String(required=True, metadata={"example": "shipment-a-2026"})
+    line = fields.Integer(required=True, metadata={"description": "The row's position in the file (1: the first row)."})
+    sku = fields.String(required=True, metadata={"example": "WIDGET-RED-01"})
+    before = fields.Integer(required=True, metadata={"description": "Units on hand just before this shipment."})
+    quantity = fields.Integer(required=True, metadata={"description": "Units this row added."})
+    after = fields.Integer(required=True, metadata={"description": "Units on hand just after (before + quantity)."})
+    appliedAt = fields.DateTime(required=True)
+    owner = fields.String(required=True, metadata={"description": "The producer whose shipment it was."})
+
+
+class MovementListSchema(Schema):
+    items = fields.List(fields.Nested(MovementSchema), required=True, metadata={"description": "Newest first (by appliedAt)."})
+    nextCursor = fields.String(required=True, allow_none=True, metadata={"description": "Pass as ?cursor= for the next page; null at the end."})
+
+
+class StockLevelSchema(Schema):
+    sku = fields.String(required=True, metadata={"example": "WIDGET-RED-01"})
+    units = fields.Integer(required=True, metadata={"description": "Units on hand."})
+
+
+class StockSchema(Schema):
+    """GET /api/stock: a location's stock levels, now or as of a time."""
+
+    location = location_field(required=True)
+    asOf = fields.DateTime(required=True, allow_none=True, metadata={"description": "null: now (from the live store)."})
+    items = fields.List(fields.Nested(StockLevelSchema), required=True, metadata={
+        "description": "SKUs with their units; as of a time, in SKU order; now, in no order across pages.",
+    })
+    nextCursor = fields.String(required=True, allow_none=True, metadata={"description": "Pass as ?cursor= for the next page; null at the end."})
+
+
+class SkuStockSchema(Schema):
+    """GET /api/stock/{sku}: one SKU's units at a location, now or as of a time."""
+
+    location = location_field(required=True)
+    sku = fields.String(required=True, metadata={"example": "WIDGET-RED-01"})
+    asOf = fields.DateTime(required=True, allow_none=True, metadata={"description": "null: now (from the live store)."})
+    units = fields.Integer(required=True, metadata={"description": "Units on hand (0 for a SKU never received)."})
+
+
 class WorkersSchema(Schema):
     """[door] The live workers as the door check sees them (no names or addresses)."""
 

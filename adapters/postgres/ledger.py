@@ -18,7 +18,8 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from importer.adapters.postgres.migrations import applied_version, latest_version, migrate
 from importer.domain.jobs import ShipmentRecord
 from importer.domain.ledger import (
-    ArchivedShipment, JournalEntry, ReceiptSource, StreamId, movements,
+    ArchivedShipment, JournalEntry, LedgerMovement, LedgerShipment, MovementFilter, Position, ReceiptSource,
+    StreamId, movements,
 )
 
 _MOVEMENT_COLUMNS = (
@@ -71,6 +72,95 @@ class LedgerReads:
                 )
                 return "".join(f"{sku},{before},{quantity}\n" for sku, before, quantity in cur).encode()
 
+
+    # -- lists (History) -------------------------------------------------------
+
+    def list_shipments(
+        self, owner: str, *, locations: frozenset[str] | None, from_ms: int | None, to_ms: int | None,
+        limit: int, after: Position | None,
+    ) -> list[LedgerShipment]:
+        where: list[str] = ["owner = %s"]
+        args: list[Any] = [owner]
+        _time_and_place(where, args, locations, from_ms, to_ms)
+        if after is not None:
+            where.append("(applied_at_ms, location, batch_id) < (%s, %s, %s)")
+            args += [after[0], after[1], after[2]]
+        with ledger_errors(), self.pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT location, batch_id, applied_at_ms, result, content_sha256 FROM ledger_shipments"
+                f" WHERE {' AND '.join(where)} ORDER BY applied_at_ms DESC, location DESC, batch_id DESC LIMIT %s",
+                [*args, limit],
+            ).fetchall()
+        return [LedgerShipment(str(r[0]), str(r[1]), int(r[2]), str(r[3]), str(r[4])) for r in rows]
+
+    def list_movements(self, where: MovementFilter, *, limit: int | None, after: Position | None) -> Iterator[LedgerMovement]:
+        conditions: list[str] = []
+        args: list[Any] = []
+        if where.owner is not None:
+            conditions.append("owner = %s")
+            args.append(where.owner)
+        _time_and_place(conditions, args, where.locations, where.from_ms, where.to_ms)
+        if where.sku is not None:
+            conditions.append("sku = %s")
+            args.append(where.sku)
+        if where.batch_id is not None:
+            conditions.append("batch_id = %s")
+            args.append(where.batch_id)
+        if after is not None:
+            conditions.append("(applied_at_ms, location, batch_id, line) < (%s, %s, %s, %s)")
+            args += list(after)
+        sql = (
+            "SELECT location, batch_id, line, sku, before, quantity, after, applied_at_ms, owner FROM ledger_movements"
+            + (f" WHERE {' AND '.join(conditions)}" if conditions else "")
+            + " ORDER BY applied_at_ms DESC, location DESC, batch_id DESC, line DESC"
+        )
+        with ledger_errors(), self.pool.connection() as conn:
+            if limit is not None:
+                rows = conn.execute(sql + " LIMIT %s", [*args, limit]).fetchall()
+                yield from (_movement(r) for r in rows)
+                return
+            # All of them, read through a server-side cursor in batches.
+            with conn.transaction(), conn.cursor(name="movements") as cur:
+                cur.itersize = 2000
+                cur.execute(sql, args)
+                yield from (_movement(r) for r in cur)
+
+    def stock_as_of(self, location: str, as_of_ms: int, *, limit: int, after_sku: str | None) -> list[tuple[str, int]]:
+        with ledger_errors(), self.pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT DISTINCT ON (sku) sku, after FROM ledger_movements"
+                " WHERE location = %s AND applied_at_ms < %s AND sku > %s"
+                " ORDER BY sku, applied_at_ms DESC, batch_id DESC LIMIT %s",
+                (location, as_of_ms, after_sku or "", limit),
+            ).fetchall()
+        return [(str(r[0]), int(r[1])) for r in rows]
+
+    def sku_as_of(self, location: str, sku: str, as_of_ms: int) -> int | None:
+        with ledger_errors(), self.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT after FROM ledger_movements WHERE location = %s AND sku = %s AND applied_at_ms < %s"
+                " ORDER BY applied_at_ms DESC, batch_id DESC LIMIT 1",
+                (location, sku, as_of_ms),
+            ).fetchone()
+        return int(row[0]) if row else None
+
+
+def _time_and_place(
+    where: list[str], args: list[Any], locations: frozenset[str] | None, from_ms: int | None, to_ms: int | None,
+) -> None:
+    if locations is not None:
+        where.append("location = ANY(%s)")
+        args.append(sorted(locations))
+    if from_ms is not None:
+        where.append("applied_at_ms >= %s")
+        args.append(from_ms)
+    if to_ms is not None:
+        where.append("applied_at_ms < %s")
+        args.append(to_ms)
+
+
+def _movement(r: Any) -> LedgerMovement:
+    return LedgerMovement(str(r[0]), str(r[1]), int(r[2]), str(r[3]), int(r[4]), int(r[5]), int(r[6]), int(r[7]), str(r[8]))
 
 class PostgresExportClaim:
     """A location's cursor row, locked by this transaction (ExportClaim)."""

@@ -81,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--locations", metavar="LOC,LOC",
         help="the stock locations this key may use, comma-separated (default: every location)",
     )
+    k.add_argument(
+        "--scopes", metavar="SCOPE,SCOPE",
+        help="extra rights of this key, comma-separated: stock:read (stock levels and every owner's stock movements)",
+    )
     k.set_defaults(func=operator.cmd_keys_create)
 
     p = sub.add_parser("doctor", help="check Redis settings and the queue, as a readable checklist")

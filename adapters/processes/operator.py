@@ -27,6 +27,7 @@ def cmd_openapi(args: argparse.Namespace) -> int:
 
 def cmd_keys_create(args: argparse.Namespace) -> int:
     from importer.domain.locations import LOCATION_RULE, is_valid_location
+    from importer.domain.access import SCOPES
     from importer.handlers.auth import OWNER_PATTERN, hash_key, key_line, new_key
 
     if not OWNER_PATTERN.match(args.owner):
@@ -37,10 +38,16 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
     if not all(is_valid_location(name) for name in locations):
         print(f"--locations takes stock locations separated by commas. {LOCATION_RULE}", file=sys.stderr)
         return 2
+    scopes = tuple(dict.fromkeys(name.strip() for name in args.scopes.split(","))) if args.scopes else ()
+    if not all(name in SCOPES for name in scopes):
+        print(f"--scopes takes scopes separated by commas: {', '.join(sorted(SCOPES))}", file=sys.stderr)
+        return 2
     key = new_key()
     where = f" at {', '.join(locations)} only" if locations else ""
-    print(f"API key for {args.owner}{where} (shown once, give it to the producer):\n  {key}")
-    print(f"Line for IMPORTER_API_KEYS_FILE (the server keeps only this hash):\n  {key_line(args.owner, hash_key(key), locations)}")
+    reads = " (may read stock and every owner's stock movements)" if scopes else ""
+    print(f"API key for {args.owner}{where}{reads} (shown once, give it to the producer):\n  {key}")
+    line = key_line(args.owner, hash_key(key), locations, scopes)
+    print(f"Line for IMPORTER_API_KEYS_FILE (the server keeps only this hash):\n  {line}")
     return 0
 
 

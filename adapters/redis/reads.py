@@ -205,3 +205,17 @@ class JobReads(RedisStoreBase):
         """Operators only (``importer inspect``): never shown by the API."""
         with store_errors():
             return text_of(self.client.hget(self.partition_of(job_id).job(job_id), "diagnostic"))
+
+    def stock_now(self, location: str, *, limit: int, cursor: int) -> tuple[list[tuple[str, int]], int]:
+        """[ledger] One page of a location's stock as Redis holds it now (HSCAN: no order;
+        the next cursor, 0 at the end)."""
+        with store_errors():
+            next_cursor, found = self.client.hscan(self.partition(location).stock, cursor, count=limit)
+        pairs: dict[Any, Any] = found if isinstance(found, dict) else {}
+        return sorted((text_of(sku), int(units)) for sku, units in pairs.items()), int(next_cursor)
+
+    def sku_now(self, location: str, sku: str) -> int | None:
+        """[ledger] A SKU's units at a location now (None: it never had any)."""
+        with store_errors():
+            units = self.client.hget(self.partition(location).stock, sku)
+        return int(units) if units is not None else None

@@ -14,8 +14,12 @@ from tests.integration.support import ROOT
 pytestmark = pytest.mark.integration
 
 
-def test_schemathesis_finds_no_failure(make_system: object) -> None:
-    system = make_system(IMPORTER_RATE_LIMIT="0", IMPORTER_METRICS_TOKEN="not-the-producer-key")  # type: ignore[operator]
+def test_schemathesis_finds_no_failure(make_system: object, make_database: object) -> None:
+    system = make_system(  # type: ignore[operator]
+        IMPORTER_RATE_LIMIT="0", IMPORTER_METRICS_TOKEN="not-the-producer-key",
+        IMPORTER_DATABASE_URL=make_database(),  # type: ignore[operator]
+    )
+    system.start_ledger()
     system.start_worker()
     system.start_http(workers=2)
     out = subprocess.run(

@@ -178,3 +178,32 @@ def test_the_generated_client_reads_a_rejection_report(system: System, importer_
         ]
         missing = get_import_rejections.sync_detailed(client=client, job_id="shipment-nope")
         assert missing.status_code == 404 and isinstance(missing.parsed, Problem) and missing.parsed.code == "job.not_found"
+
+
+def test_the_generated_client_reads_the_history_from_the_ledger(make_system: Any, make_database: Any, importer_client: Any) -> None:
+    """[ledger] GET /api/shipments, /api/stock-movements and /api/stock, typed by the generated client."""
+    from importer_client.api.default import (  # type: ignore[import-not-found]
+        enqueue_import, get_import, get_stock, list_shipments, list_stock_movements,
+    )
+    from importer_client.models import EnqueueRequest, Problem  # type: ignore[import-not-found]
+
+    system: System = make_system(IMPORTER_DATABASE_URL=make_database(), IMPORTER_LEDGER_INTERVAL="0.05")
+    system.start_worker()
+    system.start_http()
+    system.start_ledger()
+    with importer_client.AuthenticatedClient(base_url=system.base_url, token=system.api_key) as client:
+        assert enqueue_import.sync_detailed(client=client, body=EnqueueRequest(batch_id="gen-ledger", csv=SEED)).status_code == 202
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            page = list_shipments.sync(client=client)
+            if page.items:
+                break
+            time.sleep(0.1)
+        assert get_import.sync(client=client, job_id="shipment-gen-ledger").state == "completed"
+        assert [s.batch_id for s in page.items] == ["gen-ledger"] and page.next_cursor is None
+        moves = list_stock_movements.sync(client=client, batch_id="gen-ledger")
+        assert [(m.line, m.sku, m.before, m.after) for m in reversed(moves.items)] == [
+            (1, "WIDGET-RED-01", 0, 10), (2, "GADGET-BLU-02", 0, 25), (3, "SPROCKET-07", 0, 5)]
+        refused = get_stock.sync_detailed(client=client)
+        assert refused.status_code == 403 and isinstance(refused.parsed, Problem)
+        assert refused.parsed.code == "auth.scope_required"

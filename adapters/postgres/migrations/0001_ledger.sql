@@ -43,8 +43,12 @@ CREATE TABLE ledger_movements (
     journal_seq    bigint  NOT NULL,
     PRIMARY KEY (location, batch_id, line)
 );
-CREATE INDEX ledger_movements_by_sku ON ledger_movements (location, sku, journal_ms DESC, journal_seq DESC);
-CREATE INDEX ledger_movements_by_owner ON ledger_movements (owner, journal_ms DESC, journal_seq DESC, location, batch_id, line);
+-- The reads, newest first by (applied_at_ms, location, batch_id, line): a SKU's
+-- history at a location (and stock as of a time), every owner's by SKU, one owner's.
+CREATE INDEX ledger_movements_by_sku ON ledger_movements (location, sku, applied_at_ms DESC, batch_id DESC);
+CREATE INDEX ledger_movements_by_sku_anywhere ON ledger_movements (sku, applied_at_ms DESC, location, batch_id, line);
+CREATE INDEX ledger_movements_by_owner ON ledger_movements (owner, applied_at_ms DESC, location, batch_id, line);
+CREATE INDEX ledger_movements_by_time ON ledger_movements (applied_at_ms DESC, location, batch_id, line);
 
 -- Per location, the stream id of the last journal entry committed here.
 -- The exporter locks its row (FOR UPDATE SKIP LOCKED): one exporter per
