@@ -189,7 +189,12 @@ def open_ledger(settings: Settings, *, max_size: int = 4) -> PostgresLedger | No
     in the background: a ledger down at start-up is a late history, not a failed start)."""
     if not settings.database_url:
         return None
-    return PostgresLedger(settings.database_url, max_size=max_size).open(wait=False)
+    ledger = PostgresLedger(settings.database_url, max_size=max_size).open(wait=False)
+    try:
+        ledger.migrate()  # under an advisory lock: the processes starting together apply each migration once
+    except LedgerUnavailable as exc:
+        log_event(log, "ledger.unavailable", logging.WARNING, detail=str(exc)[:300], hint="the exporter migrates once it answers")
+    return ledger
 
 
 def build_http(settings: Settings) -> HttpSide:
@@ -201,7 +206,7 @@ def build_http(settings: Settings) -> HttpSide:
     # one script (one round trip per POST, no unsent window).
     store = RedisStore(client, settings, clock_ms=clock_ms, messages=queue.redis_message if queue.writes_to(client) else None)
     store.history = ledger = open_ledger(settings)
-    metrics = HttpMetrics(store)
+    metrics = HttpMetrics(store, ledger)
     sender: MessageSender = queue
     if settings.fault:
         from importer.adapters.faults import Faults, FaultySender  # tests only

@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from importer.adapters.postgres.ledger import LedgerUnavailable, PostgresLedger
 from importer.adapters.redis.errors import StoreUnavailable
 from importer.adapters.redis.store import RedisStore
 from importer.adapters.redis.scripts import DURATION_BUCKETS_MS  # the buckets the scripts count into
@@ -64,15 +65,45 @@ class QueueCollector(Collector):
         )
 
 
+class LedgerCollector(Collector):
+    """[ledger] How far the ledger is behind each location's journal, read at scrape time."""
+
+    def __init__(self, store: RedisStore, ledger: PostgresLedger) -> None:
+        self.store = store
+        self.ledger = ledger
+
+    def collect(self) -> Iterator[Any]:
+        from importer.adapters.processes.ledger import export_lags
+
+        try:
+            lags = export_lags(self.store, self.ledger)
+        except (LedgerUnavailable, StoreUnavailable):
+            yield GaugeMetricFamily("importer_ledger_up", "1 when the ledger (PostgreSQL) answered this scrape.", value=0)
+            return
+        yield GaugeMetricFamily("importer_ledger_up", "1 when the ledger (PostgreSQL) answered this scrape.", value=1)
+        entries = GaugeMetricFamily(
+            "importer_ledger_lag_entries", "Applied shipments not yet committed in the ledger.", labels=["location"])
+        seconds = GaugeMetricFamily(
+            "importer_ledger_lag_seconds", "Age of the oldest applied shipment not yet in the ledger (0: none).",
+            labels=["location"])
+        for lag in lags:
+            entries.add_metric([lag.location], lag.entries)
+            seconds.add_metric([lag.location], lag.seconds)
+        yield entries
+        yield seconds
+
+
 class HttpMetrics:
     """The registry of one HTTP process."""
 
-    def __init__(self, store: RedisStore) -> None:
+    def __init__(self, store: RedisStore, ledger: PostgresLedger | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.redis_errors = Counter(
             "importer_redis_errors", "Redis errors seen by this HTTP process.", registry=self.registry
         )
         self.registry.register(QueueCollector(store, self.redis_errors.inc))
+        if ledger is not None:
+            self.registry.register(LedgerCollector(store, ledger))
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -245,6 +245,23 @@ class EventLog(Protocol):
 
 
 @dataclass(frozen=True)
+class ExportLag:
+    """How far the ledger is behind one location's journal: entries applied and not yet
+    committed in the ledger, and the age of the oldest of them (0 when none)."""
+
+    location: str
+    entries: int
+    seconds: float
+
+
+def export_lag(location: str, *, appended: int, exported: int, oldest_pending_ms: int | None, now_ms: int) -> ExportLag:
+    """``appended``: entries the journal ever received; ``exported``: those the ledger committed."""
+    pending = max(0, appended - exported)
+    age = 0.0 if not pending or oldest_pending_ms is None else max(0.0, (now_ms - oldest_pending_ms) / 1000)
+    return ExportLag(location, pending, age)
+
+
+@dataclass(frozen=True)
 class ExportReport:
     location: str
     #: Entries this call committed (0: nothing new, or the location was held elsewhere).

@@ -36,7 +36,8 @@ class LedgerUnavailable(Exception):
 def ledger_errors() -> Iterator[None]:
     try:
         yield
-    except (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction, PoolTimeout) as exc:
+    # UndefinedTable: the schema is not migrated yet (the exporter, or a process's start, migrates it).
+    except (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction, psycopg.errors.UndefinedTable, PoolTimeout) as exc:
         raise LedgerUnavailable(f"{type(exc).__name__}: {exc}") from exc
 
 
@@ -144,6 +145,31 @@ class LedgerReads:
             ).fetchone()
         return int(row[0]) if row else None
 
+
+    # -- checks (importer ledger verify) ---------------------------------------
+
+    def chain_breaks(self, location: str, limit: int = 50) -> list[tuple[str, str, int, int | None]]:
+        """(sku, batchId, before, the previous movement's after (None: the SKU's first)) of each
+        movement that does not start where the SKU's previous one ended (the first: at 0)."""
+        with ledger_errors(), self.pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT sku, batch_id, before, previous FROM ("
+                " SELECT sku, batch_id, before, lag(after) OVER (PARTITION BY sku ORDER BY journal_ms, journal_seq) AS previous"
+                " FROM ledger_movements WHERE location = %s) AS chained"
+                " WHERE before IS DISTINCT FROM coalesce(previous, 0) LIMIT %s",
+                (location, limit),
+            ).fetchall()
+        return [(str(r[0]), str(r[1]), int(r[2]), None if r[3] is None else int(r[3])) for r in rows]
+
+    def last_afters(self, location: str) -> dict[str, int]:
+        """Each SKU's units after its last movement in the ledger."""
+        with ledger_errors(), self.pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT DISTINCT ON (sku) sku, after FROM ledger_movements WHERE location = %s"
+                " ORDER BY sku, journal_ms DESC, journal_seq DESC",
+                (location,),
+            ).fetchall()
+        return {str(r[0]): int(r[1]) for r in rows}
 
 def _time_and_place(
     where: list[str], args: list[Any], locations: frozenset[str] | None, from_ms: int | None, to_ms: int | None,
@@ -271,11 +297,11 @@ class PostgresLedger(LedgerReads):
             ).fetchone()
         return (int(row[0]), int(row[1])) if row else (0, 0)
 
-    def cursors(self) -> dict[str, tuple[StreamId, Any]]:
-        """Every location's cursor and the time it last moved."""
+    def cursors(self) -> dict[str, tuple[StreamId, int]]:
+        """Every location's cursor and how many entries it has committed."""
         with ledger_errors(), self.pool.connection() as conn:
-            rows = conn.execute("SELECT location, journal_ms, journal_seq, updated_at FROM ledger_export_cursors").fetchall()
-        return {str(r[0]): ((int(r[1]), int(r[2])), r[3]) for r in rows}
+            rows = conn.execute("SELECT location, journal_ms, journal_seq, shipments FROM ledger_export_cursors").fetchall()
+        return {str(r[0]): ((int(r[1]), int(r[2])), int(r[3])) for r in rows}
 
     # -- the door --------------------------------------------------------------
 

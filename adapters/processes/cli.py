@@ -65,7 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=commands.cmd_events)
 
     p = sub.add_parser("ledger", help="the exporter: copy applied shipments into the ledger (PostgreSQL), then trim Redis")
-    p.add_argument("--once", action="store_true", help="export until caught up, trim, then exit")
+    p.add_argument("action", nargs="?", choices=("run", "verify"), default="run",
+                   help="run: the exporter (default); verify: check the ledger against Redis, exit 1 on drift")
+    p.add_argument("--once", action="store_true", help="run: export until caught up, trim, then exit")
+    p.add_argument("--location", default=None, help="verify: only this location (default: every one)")
     p.set_defaults(func=lambda a: _ledger(a))
 
     # -- operator tools (operator) ---------------------------------------------
@@ -121,9 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _ledger(args: argparse.Namespace) -> int:
-    from importer.adapters.processes.ledger import cmd_ledger
+    from importer.adapters.processes.ledger import cmd_ledger, cmd_ledger_verify
 
-    return cmd_ledger(args.once)
+    return cmd_ledger_verify(args.location) if args.action == "verify" else cmd_ledger(args.once)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ SKIP LOCKED), the others skip it. ``importer dev`` starts one.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from dataclasses import dataclass, field
 
@@ -22,7 +23,8 @@ from importer.adapters.postgres.ledger import LedgerUnavailable, PostgresLedger
 from importer.adapters.redis.errors import StoreUnavailable
 from importer.adapters.redis.store import RedisStore
 from importer.adapters.settings import Settings
-from importer.domain.ledger import export_location
+from importer.adapters.redis.records import text_of
+from importer.domain.ledger import ZERO, ExportLag, export_lag, export_location, movements
 
 log = logging.getLogger("importer.ledger")
 
@@ -114,6 +116,81 @@ def migrate_when_ready(ledger: PostgresLedger, stop: threading.Event, interval_s
                 _log("ledger.unavailable", logging.WARNING, detail=str(exc)[:300], failures=failures)
             stop.wait(interval_s)
     return False
+
+
+def export_lags(store: RedisStore, ledger: PostgresLedger, locations: list[str] | None = None) -> list[ExportLag]:
+    """Per location, how far the ledger is behind its journal (/metrics, importer doctor)."""
+    cursors = ledger.cursors()
+    now = store.server_time_ms()
+    lags = []
+    for location in locations or store.locations():
+        cursor, exported = cursors.get(location, (ZERO, 0))
+        appended, oldest = store.journal_progress(location, cursor)
+        lags.append(export_lag(location, appended=appended, exported=exported, oldest_pending_ms=oldest, now_ms=now))
+    return lags
+
+
+def verify(store: RedisStore, ledger: PostgresLedger, settings: Settings, locations: list[str]) -> list[str]:
+    """Drift between Redis and the ledger, one line each (none: all is well):
+    per location and SKU the movements chain (each starts where the previous
+    ended) and end at Redis's stock (counting the journal entries not exported
+    yet); every done marker older than the hot window whose journal entry is
+    not waiting for the exporter is in the ledger."""
+    drift: list[str] = []
+    cursors = ledger.cursors()
+    now = store.server_time_ms()
+    hot_cutoff = now - int(settings.ledger_hot_window_s * 1000)
+    for location in locations:
+        for sku, batch_id, before, previous in ledger.chain_breaks(location):
+            drift.append(f"{location}: {sku}'s movement in batch {batch_id} starts at {before}, "
+                         f"its previous movement ended at {previous if previous is not None else '0 (none before)'}")
+        expected = ledger.last_afters(location)
+        after = cursors.get(location, (ZERO, 0))[0]
+        pending: set[str] = set()
+        while entries := store.read_journal(location, after, 500):  # applied, not exported yet
+            source = store.receipt_source(location, entries)
+            for entry in entries:
+                pending.add(entry.batch_id)
+                chunks = source(entry)
+                for m in movements(chunks) if chunks is not None else ():
+                    expected[m.sku] = m.after
+            after = entries[-1].stream_id
+        k = store.partition(location)
+        actual = {text_of(sku): int(units) for sku, units in store.client.hscan_iter(k.stock, count=1000)}
+        for sku in sorted(set(expected) | set(actual)):
+            if expected.get(sku, 0) != actual.get(sku, 0):
+                drift.append(f"{location}: {sku} is {actual.get(sku, 0)} in Redis but its movements end at {expected.get(sku, 0)}")
+        marked: list[str] = []
+        for key in store.client.scan_iter(match=k.done("*"), count=1000):
+            applied_at = store.client.hget(key, "appliedAt")
+            batch_id = text_of(key)[len(k.done("")):]
+            if applied_at is not None and int(applied_at) < hot_cutoff and batch_id not in pending:
+                marked.append(batch_id)
+        for start in range(0, len(marked), 500):
+            chunk = marked[start:start + 500]
+            held = ledger.archived(location, chunk)
+            drift += [f"{location}: batch {b}'s done marker is past the hot window but not in the ledger"
+                      for b in chunk if b not in held]
+    return drift
+
+
+def cmd_ledger_verify(location: str | None) -> int:
+    settings = Settings.from_env()
+    exporter = build_exporter(settings)
+    try:
+        locations = [location] if location else exporter.store.locations()
+        drift = verify(exporter.store, exporter.ledger, settings, locations)
+    finally:
+        exporter.ledger.close()
+        exporter.store.client.close()
+    for line in drift:
+        print(f"drift: {line}")
+    checked = ", ".join(locations)
+    if drift:
+        print(f"ledger verify: {len(drift)} drift(s) at {checked}", file=sys.stderr)
+        return 1
+    print(f"ledger verify: clean at {checked} (movements chain and end at Redis's stock; every marker past the hot window is in the ledger)")
+    return 0
 
 
 def cmd_ledger(once: bool) -> int:

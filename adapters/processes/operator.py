@@ -92,7 +92,32 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     alive = client.zcount(f"{ns}:__heartbeats__", now_ms - int(settings.heartbeat_timeout_s * 1000), "+inf")
     line("ok" if alive else "warn", "workers alive", f"{alive} worker process(es) sent a heartbeat in the last {settings.heartbeat_timeout_s:g} s")
     _doctor_door(store, settings, line)
+    _doctor_ledger(store, settings, line)
     return 1 if failures else 0
+
+
+def _doctor_ledger(store: RedisStore, settings: Settings, line: Callable[[str, str, str], None]) -> None:
+    """[ledger] The ledger's schema and how far it is behind each location's journal."""
+    from importer.adapters.postgres.ledger import LedgerUnavailable, PostgresLedger
+    from importer.adapters.processes.ledger import export_lags
+
+    if not settings.database_url:
+        line("warn", "ledger", "off (IMPORTER_DATABASE_URL unset): done markers, the journal and receipts stay in "
+             "Redis forever, so its memory grows with every shipment")
+        return
+    ledger = PostgresLedger(settings.database_url, max_size=1).open(wait=False)
+    try:
+        have, want = ledger.schema_status()
+        line("ok" if have == want else "FAIL", "ledger schema",
+             f"version {have}" + ("" if have == want else f", this release needs {want} (start `importer ledger` to migrate)"))
+        for lag in export_lags(store, ledger):
+            late = lag.seconds > 60
+            line("warn" if late else "ok", f"ledger lag at {lag.location}",
+                 f"{lag.entries} shipment(s) not yet in the ledger, the oldest {lag.seconds:.1f} s old")
+    except LedgerUnavailable as exc:
+        line("FAIL", "ledger reachable", f"no ({str(exc).split(':')[0]})")
+    finally:
+        ledger.close()
 
 
 def _doctor_door(store: RedisStore, settings: Settings, line: Callable[[str, str, str], None]) -> None:

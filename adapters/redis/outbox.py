@@ -128,3 +128,22 @@ class LedgerOutbox(RedisStoreBase):
         with store_errors():
             seconds, micros = self.client.time()
         return int(seconds) * 1000 + int(micros) // 1000
+
+    def journal_progress(self, location: str, after: StreamId) -> tuple[int, int | None]:
+        """(entries the journal ever received, the ms of its oldest entry after ``after``, None: none)."""
+        key = self.partition(location).journal
+        with store_errors():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.execute_command("XINFO", "STREAM", key)
+            pipe.xrange(key, min="(" + format_stream_id(after), max="+", count=1)
+            try:
+                info, oldest = pipe.execute()
+            except Exception as exc:  # no journal yet: XINFO answers "no such key"
+                if "no such key" not in str(exc).lower():
+                    raise
+                return 0, None
+        fields = dict(zip(info[::2], info[1::2])) if isinstance(info, list) else dict(info)
+        fields = {text_of(k): v for k, v in fields.items()}
+        appended = int(fields.get("entries-added") or fields.get("length") or 0)
+        first: list[Any] = list(oldest or [])
+        return appended, (parse_stream_id(text_of(first[0][0]))[0] if first else None)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import random
 import signal
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -15,7 +17,7 @@ import psycopg
 import pytest
 
 from importer.domain.shipment import job_id_for
-from tests.integration.support import System, wait_for
+from tests.integration.support import ROOT, System, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -91,6 +93,8 @@ def test_every_applied_shipment_reaches_the_ledger_once_with_its_receipt_as_move
     # a second exporter finds nothing left to do: nothing twice
     system.start_ledger(once=True).popen.wait(60)
     assert ledger_rows(db)[0] == shipments
+    verified = run_cli(system, "ledger", "verify")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
 def test_the_exporter_killed_again_and_again_mid_export_leaves_every_shipment_once(make_system: Any, make_database: Any) -> None:
@@ -131,6 +135,8 @@ def test_the_exporter_killed_again_and_again_mid_export_leaves_every_shipment_on
         total = conn.execute("SELECT sum(quantity) FROM ledger_movements WHERE sku = 'SKU-ALL'").fetchone()
     assert total == (n,)
     assert system.store().stock_of(["SKU-ALL"])["SKU-ALL"] == n
+    verified = run_cli(system, "ledger", "verify")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
 def test_redis_drops_what_the_ledger_holds_and_an_archived_batch_is_never_applied_again(make_system: Any, make_database: Any) -> None:
@@ -295,3 +301,49 @@ def test_ledger_unreachable_an_import_that_only_the_ledger_can_vouch_for_waits_a
     done = system.wait_state(job_id_for("down-new"), timeout=90)
     assert done["state"] == "completed" and done["result"] == {"imported": 1, "batchId": "down-new"}
     assert store.stock_of(["DOWN-2"])["DOWN-2"] == 2
+
+
+def run_cli(system: System, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "importer.adapters.processes.cli", *args], env=system.env, cwd=ROOT,
+        capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_ledger_verify_lag_and_doctor(make_system: Any, make_database: Any) -> None:
+    """`importer ledger verify` is clean once exported and names the drift an
+    operator's hand makes; /metrics and `importer doctor` show the export lag."""
+    db = make_database()
+    system = make_system(IMPORTER_DATABASE_URL=db, IMPORTER_METRICS_TOKEN="metrics-token", IMPORTER_LEDGER_HOT_WINDOW="0")
+    system.start_worker()
+    system.start_http()
+    for i in range(3):
+        import_and_wait(system, f"verify-{i}", shipment({"VER-A": i + 1, f"VER-{i}": 1}))
+    import_and_wait(system, "verify-p", shipment({"VER-A": 7}), "paris")
+
+    def metric(name: str, location: str) -> float:
+        status, _, body = system.request("GET", "/metrics", key="metrics-token")
+        assert status == 200
+        for line in body.decode().splitlines():
+            if line.startswith(f'{name}{{location="{location}"}}'):
+                return float(line.split()[-1])
+        raise AssertionError(f"{name} for {location} not in /metrics")
+
+    assert metric("importer_ledger_lag_entries", "main") == 3
+    assert metric("importer_ledger_lag_seconds", "main") > 0
+    doctor = run_cli(system, "doctor")
+    assert "ledger schema: version" in doctor.stdout or "ledger schema" in doctor.stdout, doctor.stdout
+    assert "3 shipment(s) not yet in the ledger" in doctor.stdout, doctor.stdout
+
+    # verify counts the journal entries not exported yet: clean before any export
+    assert run_cli(system, "ledger", "verify").returncode == 0
+    system.start_ledger(once=True).popen.wait(60)
+    assert metric("importer_ledger_lag_entries", "main") == 0 and metric("importer_ledger_lag_seconds", "paris") == 0
+    clean = run_cli(system, "ledger", "verify")
+    assert clean.returncode == 0 and "clean at main, paris" in clean.stdout, clean.stdout + clean.stderr
+
+    store = system.store()
+    store.client.hincrby(store.partition("paris").stock, "VER-A", 5)  # a hand in Redis
+    drift = run_cli(system, "ledger", "verify")
+    assert drift.returncode == 1 and "paris: VER-A is 12 in Redis but its movements end at 7" in drift.stdout, drift.stdout
+    assert run_cli(system, "ledger", "verify", "--location", "main").returncode == 0
