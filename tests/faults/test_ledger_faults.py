@@ -1,0 +1,152 @@
+"""The ledger under real faults of PostgreSQL and of the exporter: its own
+embedded PostgreSQL SIGKILLed and restarted, SIGSTOPped for 30 s, and made
+read-only, while imports are posted and `importer ledger` exports them (in
+transactions of 3 entries, so each fault meets transactions under way), with
+no hot window (Redis trims as soon as the ledger commits).
+
+After each: every import completed once (stock = the sum of the distinct
+batches), every applied batch in the ledger exactly once with movements equal
+to what it added, `importer ledger verify` clean (nothing dropped from Redis
+that the ledger lacks), and imports applied throughout the fault."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from importer.adapters.postgres.embedded import EmbeddedPostgres
+from importer.domain.shipment import job_id_for
+from tests.faults.harness import FAULT_ENV
+from tests.integration.support import ROOT, System, wait_for
+
+pytestmark = pytest.mark.faults
+
+
+@pytest.fixture
+def postgres() -> Iterator[EmbeddedPostgres]:
+    folder = ROOT / "test-artifacts" / f"pg-fault-{uuid.uuid4().hex[:8]}"
+    server = EmbeddedPostgres(folder / "data")
+    server.start()
+    try:
+        yield server
+    finally:
+        if server.pid is not None:
+            try:
+                os.killpg(server.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        server.stop()
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def kill_and_restart(server: EmbeddedPostgres) -> None:
+    assert server.pid is not None
+    os.killpg(server.pid, signal.SIGKILL)  # the postmaster and every backend, as a host crash
+    server._proc.wait(10) if server._proc is not None else None  # noqa: SLF001 - reap it
+    time.sleep(2)
+    server.start()
+
+
+def stop_for_30s(server: EmbeddedPostgres) -> None:
+    assert server.pid is not None
+    os.killpg(server.pid, signal.SIGSTOP)
+    time.sleep(30)
+    os.killpg(server.pid, signal.SIGCONT)
+
+
+def read_only_for_5s(server: EmbeddedPostgres) -> None:
+    with psycopg.connect(server.url, autocommit=True) as conn:
+        conn.execute("ALTER SYSTEM SET default_transaction_read_only = on")
+        conn.execute("SELECT pg_reload_conf()")
+        time.sleep(5)
+        conn.execute("SET default_transaction_read_only = off")
+        conn.execute("ALTER SYSTEM RESET default_transaction_read_only")
+        conn.execute("SELECT pg_reload_conf()")
+
+
+def refuse_connections_for_5s(server: EmbeddedPostgres) -> None:
+    """The server stopped cleanly (connections refused), then started again on its data."""
+    server.stop()
+    time.sleep(5)
+    server.start()
+
+
+@pytest.mark.parametrize("fault", [kill_and_restart, stop_for_30s, read_only_for_5s, refuse_connections_for_5s],
+                         ids=lambda f: f.__name__)
+def test_a_postgres_fault_mid_export_loses_nothing_and_doubles_nothing(
+    postgres: EmbeddedPostgres, redis_url: str, tmp_path: Path, fault: Any,
+) -> None:
+    db = f"postgresql://postgres@127.0.0.1:{postgres.port}/postgres"
+    system = System(redis_url, tmp_path, env_overrides={
+        **FAULT_ENV, "IMPORTER_DATABASE_URL": db, "IMPORTER_LEDGER_BATCH": "3", "IMPORTER_LEDGER_HOT_WINDOW": "0",
+        "IMPORTER_LEDGER_INTERVAL": "0.05",
+    })
+    try:
+        system.start_worker()
+        system.start_http()
+        system.start_ledger()
+        posted: list[tuple[str, int]] = []
+        applied_during: list[int] = []
+        stop = threading.Event()
+
+        def post() -> None:
+            i = 0
+            while not stop.is_set():
+                batch = f"pgf-{i:04d}"
+                status, body = system.post_csv(batch, f"sku,quantity\nPGF-ALL,1\nPGF-{i % 5},{i + 1}\n".encode())
+                assert status == 202, body
+                posted.append((batch, i))
+                i += 1
+                time.sleep(0.03)
+
+        poster = threading.Thread(target=post, daemon=True)
+        poster.start()
+        time.sleep(1.5)
+        store = system.store()
+        before = int(store.client.hget(store.partition("main").stock, "PGF-ALL") or 0)
+        fault(postgres)
+        applied_during.append(int(store.client.hget(store.partition("main").stock, "PGF-ALL") or 0) - before)
+        time.sleep(1.5)
+        stop.set()
+        poster.join(30)
+
+        for batch, _ in posted:
+            assert system.wait_state(job_id_for(batch), timeout=60)["state"] == "completed", batch
+        assert applied_during[0] > 0, "imports stopped while the ledger was sick"
+        assert store.stock_of(["PGF-ALL"])["PGF-ALL"] == len(posted)
+
+        def exported() -> bool:
+            with psycopg.connect(db) as conn:
+                row = conn.execute("SELECT count(*) FROM ledger_shipments").fetchone()
+            return bool(row and row[0] == len(posted))
+
+        wait_for(exported, 90, 0.2, message="every shipment in the ledger")
+        with psycopg.connect(db) as conn:
+            rows = conn.execute(
+                "SELECT s.batch_id, count(m.line), sum(m.quantity) FROM ledger_shipments s"
+                " JOIN ledger_movements m USING (location, batch_id) GROUP BY s.batch_id"
+            ).fetchall()
+            total = conn.execute("SELECT sum(quantity) FROM ledger_movements WHERE sku = 'PGF-ALL'").fetchone()
+        assert {r[0]: (r[1], r[2]) for r in rows} == {b: (2, 1 + i + 1) for b, i in posted}
+        assert total == (len(posted),)
+        verified = subprocess.run(
+            [sys.executable, "-m", "importer.adapters.processes.cli", "ledger", "verify"], env=system.env, cwd=ROOT,
+            capture_output=True, text=True, timeout=120,
+        )
+        assert verified.returncode == 0, verified.stdout + verified.stderr
+        print(f"[faults] ledger {fault.__name__}: jobs={len(posted)} applied_during_fault={applied_during[0]} exported={len(rows)}")
+    finally:
+        system.stop_all()
