@@ -217,6 +217,11 @@
     } else {
       result.hidden = true;
     }
+    const completed = record.state === "completed";
+    $("receipt").hidden = !completed;
+    if (!completed || $("receipt-show").dataset.batchId !== record.batchId) $("receipt-table").hidden = true;
+    $("receipt-show").dataset.batchId = record.batchId;
+    $("receipt-show").dataset.location = record.location || "";
     const retry = $("job-retry");
     $("job-retry-row").hidden = !(record.state === "failed" && record.retryable);
     retry.setAttribute("aria-label", "Retry " + record.batchId);
@@ -286,6 +291,62 @@
     save.remove();
     setTimeout(() => URL.revokeObjectURL(url), 10000);
     announce("Rejection report of " + jobId + " downloaded.");
+  }
+
+  // The receipt of the completed import shown: each row's stock before and after, each SKU a link to its movements.
+  async function showReceipt() {
+    const button = $("receipt-show");
+    const where = button.dataset.location ? "?location=" + encodeURIComponent(button.dataset.location) : "";
+    let reply;
+    try { reply = await api("GET", "/api/shipments/" + encodeURIComponent(button.dataset.batchId) + "/receipt" + where); } catch (err) {
+      showError("The server could not be reached. Check your connection and try again.");
+      return;
+    }
+    if (reply.status !== 200) { showError(describe(reply.status, reply.body, reply.headers)); return; }
+    const body = $("receipt-table").tBodies[0];
+    body.replaceChildren();
+    for (const item of reply.body.items) {
+      const tr = document.createElement("tr");
+      tr.append(cell(item.sku), cell(String(item.before)), cell(String(item.after)));
+      const td = document.createElement("td");
+      const link = document.createElement("button");
+      link.type = "button";
+      link.className = "link";
+      link.textContent = "movements";
+      link.setAttribute("aria-label", "Stock movements of " + item.sku);
+      link.addEventListener("click", () => showMovements(item.sku, button.dataset.location));
+      td.appendChild(link);
+      tr.appendChild(td);
+      body.appendChild(tr);
+    }
+    $("receipt-table").hidden = false;
+    announce("Receipt of " + button.dataset.batchId + ": " + reply.body.items.length + " rows.");
+  }
+
+  // One SKU's movements from the ledger, newest first.
+  async function showMovements(sku, location) {
+    $("moves-sku").value = sku;
+    $("moves-location").value = location || "";
+    const query = "?sku=" + encodeURIComponent(sku) + (location ? "&location=" + encodeURIComponent(location) : "") + "&limit=100";
+    let reply;
+    try { reply = await api("GET", "/api/stock-movements" + query); } catch (err) {
+      showError("The server could not be reached. Check your connection and try again.");
+      return;
+    }
+    if (reply.status !== 200) { showError(describe(reply.status, reply.body, reply.headers)); return; }
+    const body = $("moves-table").tBodies[0];
+    body.replaceChildren();
+    for (const m of reply.body.items) {
+      const tr = document.createElement("tr");
+      tr.append(cell(new Date(m.appliedAt).toLocaleString()), cell(m.location), cell(m.batchId),
+        cell(String(m.before)), cell("+" + m.quantity), cell(String(m.after)));
+      body.appendChild(tr);
+    }
+    $("moves-table").hidden = reply.body.items.length === 0;
+    $("moves-empty").hidden = reply.body.items.length !== 0;
+    $("moves-caption").textContent = "Movements of " + sku + (location ? " at " + location : "");
+    $("moves-section").scrollIntoView({ block: "start" });
+    announce(reply.body.items.length + " movements of " + sku + ".");
   }
 
   // The Retry button of the import shown: POST its retry, then follow its new chain.
@@ -514,6 +575,12 @@
     $("send-form").addEventListener("submit", send);
     $("rejections-link").addEventListener("click", downloadRejections);
     $("job-retry").addEventListener("click", retryJob);
+    $("receipt-show").addEventListener("click", showReceipt);
+    $("moves-form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      const sku = $("moves-sku").value.trim();
+      if (sku) showMovements(sku, $("moves-location").value.trim());
+    });
     $("state-filter").addEventListener("change", () => loadList());
     $("list-refresh").addEventListener("click", () => loadList());
     $("list-more").addEventListener("click", () => loadList(true));

@@ -106,18 +106,30 @@ def playwright_browser() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def console_system(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
-    """One installation for a module's browser tests: a worker and `importer serve`."""
+def console_system(redis_url: str, postgres_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+    """One installation for a module's browser tests: a worker, `importer serve` and the ledger's exporter."""
+    import uuid
+
+    import psycopg
+
+    name = "importer_b_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(postgres_server_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    database = postgres_server_url.rsplit("/", 1)[0] + "/" + name
     system = System(
         redis_url, tmp_path_factory.mktemp("browser"),
-        env_overrides={"IMPORTER_MAX_UPLOAD_BYTES": "4096", "IMPORTER_EVENT_STREAM_HEARTBEAT": "2"},
+        env_overrides={"IMPORTER_MAX_UPLOAD_BYTES": "4096", "IMPORTER_EVENT_STREAM_HEARTBEAT": "2",
+                       "IMPORTER_DATABASE_URL": database, "IMPORTER_LEDGER_INTERVAL": "0.05"},
     )
     try:
         system.start_worker()
         system.start_http()
+        system.start_ledger()
         yield system
     finally:
         system.stop_all()
+        with psycopg.connect(postgres_server_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture

@@ -82,6 +82,35 @@ def test_upload_and_watch_it_complete_live(console_system: System, new_page: Any
     assert status == 200 and record["state"] == "completed"
 
 
+def test_a_completed_import_links_to_its_receipt_and_a_skus_movements(
+    console_system: System, new_page: Any, shots: Screenshots, tmp_path: Path,
+) -> None:
+    page = new_page()
+    open_console(page, console_system, console_system.api_key)
+    batch = unique("ledger-shown")
+    page.set_input_files("#file-input", str(copy_fixture(tmp_path, "shipment-a-2026.csv", batch + ".csv")))
+    page.click("#send-button")
+    expect(page.locator("#job-state")).to_have_text("completed", timeout=60_000)
+    page.click("#receipt-show")
+    rows = page.locator("#receipt-table tbody tr")
+    expect(rows).to_have_count(3)
+    expect(rows.nth(0).locator("td").nth(0)).to_have_text("WIDGET-RED-01")
+    before = int(rows.nth(0).locator("td").nth(1).inner_text())
+    expect(rows.nth(0).locator("td").nth(2)).to_have_text(str(before + 10))
+    # the ledger has the shipment about a second after it completed: ask until it shows
+    for _ in range(50):
+        page.click("#receipt-table tbody tr:first-child button")
+        page.wait_for_function("!document.querySelector('#moves-table').hidden || !document.querySelector('#moves-empty').hidden")
+        if page.locator("#moves-table tbody tr", has_text=batch).count():
+            break
+        page.wait_for_timeout(200)
+    moved = page.locator("#moves-table tbody tr", has_text=batch)
+    expect(moved).to_have_count(1)
+    expect(moved.locator("td").nth(4)).to_have_text("+10")
+    expect(page.locator("#moves-caption")).to_have_text("Movements of WIDGET-RED-01 at main")
+    shots.take(page, "movements")
+
+
 def test_an_invalid_file_shows_its_located_issues(console_system: System, new_page: Any, shots: Screenshots, tmp_path: Path) -> None:
     page = new_page()
     open_console(page, console_system, console_system.api_key)

@@ -201,6 +201,12 @@ def _exercise_every_script(store: ProbeStore) -> None:
         store.reconcile()
     store.remove_worker("w1")
 
+    # [ledger] The trims the exporter makes once the ledger committed the journal
+    # (here as if it had committed all of it), then the pruning of the markers.
+    now = store.server_time_ms()
+    assert store.trim_exported("main", (now + 1, 0), now + 1) >= 2
+    store.prune_markers("main", now + 1, recheck_ms=1000)
+
 
 def test_no_script_touches_a_key_it_did_not_declare(store: ProbeStore, redis_url: str) -> None:
     monitor = Monitor(redis_url)
