@@ -18,7 +18,7 @@ from importer.domain.stock import MAX_STOCK
 
 
 #: start_apply.lua's layout: how many shared KEYS, KEYS per import, and shared ARGV.
-TOGETHER_LAYOUT = (17, 5, 12)
+TOGETHER_LAYOUT = (18, 5, 12)
 
 #: The ledger's word on a batch, as apply.lua takes it (ARGV[14..16]): not asked.
 NOT_ASKED = ("", "", "")
@@ -88,7 +88,7 @@ class AttemptSteps(RedisStoreBase):
         keys, args = self._job_step(job_id)
         keys += [
             k.stock, k.generation, k.done(batch_id), k.journal, k.completed, k.upload(upload_id), k.deadline,
-            k.receipt(batch_id), k.ledger_pruned,
+            k.receipt(batch_id), k.ledger_pruned, k.ledger_pruned_filter,
         ]
         args += [
             batch_id, shipment.content_sha256, owner, attempt, MAX_STOCK, *ledger,
@@ -202,7 +202,7 @@ class AttemptSteps(RedisStoreBase):
         ack_keys = [acks[0].acks_key, acks[0].messages_key, acks[0].heartbeats_key] if acks else [k.fence] * 3
         keys = [
             k.events, k.active, k.failed, k.stats, k.finished_new, k.waiting, k.unsent, k.deadline, k.fence,
-            k.stock, k.generation, k.journal, k.completed, *ack_keys, k.ledger_pruned,
+            k.stock, k.generation, k.journal, k.completed, *ack_keys, k.ledger_pruned, k.ledger_pruned_filter,
         ]
         args: list[Any] = [
             s.events_maxlen, s.max_attempts, error_json("import.attempts_exhausted"),

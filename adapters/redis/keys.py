@@ -130,6 +130,8 @@ class Keys:
         #: [ledger] string: how many times done markers were pruned here (ledger_prune.lua);
         #: absent until the first pruning (apply.lua's door).
         self.ledger_pruned = f"{prefix}ledger:pruned"
+        #: [ledger] string: a Bloom filter of the batchIds whose marker was pruned here (common.lua).
+        self.ledger_pruned_filter = f"{prefix}ledger:pruned:filter"
         #: [ledger] zset batchId -> appliedAt ms: done markers whose journal entry and receipt the
         #: ledger holds and Redis dropped (ledger_trim.lua), to prune past the idempotency horizon.
         self.ledger_markers = f"{prefix}ledger:markers"

@@ -118,7 +118,7 @@ class LedgerOutbox(RedisStoreBase):
         batch_ids = [text_of(b) for b in found]
         if not batch_ids:
             return 0
-        keys = [k.ledger_markers, k.ledger_pruned]
+        keys = [k.ledger_markers, k.ledger_pruned, k.ledger_pruned_filter]
         for batch_id in batch_ids:
             keys += [k.done(batch_id), k.job(job_id_for(batch_id, location))]
         with store_errors():

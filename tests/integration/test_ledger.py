@@ -214,10 +214,12 @@ class HeldLedger:
 
 
 def test_a_pruning_between_the_ledgers_answer_and_the_apply_makes_the_apply_ask_again(make_system: Any, make_database: Any) -> None:
-    """The interleaving forced: an apply asks the ledger about a new batch (the
-    location already pruned markers); after the ledger answered and before the
-    apply runs, the exporter prunes another marker. The apply must not use the
-    older answer: it asks again, then applies the batch once."""
+    """The interleaving forced: a re-post of a batch whose marker was pruned
+    asks the ledger; after the ledger answered and before the apply runs, the
+    exporter prunes another marker. The apply must not use the older answer:
+    it asks again, then replays the batch (stock unchanged). A new batch at
+    the same location never asks the ledger at all (the filter of pruned
+    batchIds vouches for it)."""
     from importer.adapters.postgres.ledger import PostgresLedger
     from importer.domain.shipment import Shipment, parse_shipment
 
@@ -227,8 +229,9 @@ def test_a_pruning_between_the_ledgers_answer_and_the_apply_makes_the_apply_ask_
     )
     system.start_worker()
     system.start_http()
+    data = shipment({"HOLD-OLD": 1})
     for batch_id in ("gone-1", "gone-2"):
-        import_and_wait(system, batch_id, shipment({"HOLD-OLD": 1}))
+        import_and_wait(system, batch_id, data)
     store = system.store()
     k = store.partition("main")
     store.delete_job_record(job_id_for("gone-1"))
@@ -239,11 +242,6 @@ def test_a_pruning_between_the_ledgers_answer_and_the_apply_makes_the_apply_ask_
         if proc.name == "worker":
             proc.stop()  # the test is the worker from here
 
-    status, accepted = system.post_csv("held-new", shipment({"HOLD-NEW": 5}))
-    assert status == 202, accepted
-    record = store.get_job(job_id_for("held-new"))
-    assert record is not None
-
     def exporter_prunes_another_marker() -> None:
         store.delete_job_record(job_id_for("gone-2"))
         assert store.prune_markers("main", store.server_time_ms(), recheck_ms=1000) == 1
@@ -251,27 +249,37 @@ def test_a_pruning_between_the_ledgers_answer_and_the_apply_makes_the_apply_ask_
     ledger = PostgresLedger(db).open()
     try:
         store.archive = held = HeldLedger(ledger, exporter_prunes_another_marker)
-        parsed = parse_shipment(shipment({"HOLD-NEW": 5}))
-        assert isinstance(parsed, Shipment)
-        outcome, applied = store.start_and_apply(
-            job_id=job_id_for("held-new"), upload_id=record.upload_id, batch_id="held-new", shipment=parsed,
-        )
+        for batch_id, rows in (("gone-1", data), ("held-new", shipment({"HOLD-NEW": 5}))):
+            status, accepted = system.post_csv(batch_id, rows)
+            assert status == 202, accepted
+            record = store.get_job(job_id_for(batch_id))
+            assert record is not None
+            parsed = parse_shipment(rows)
+            assert isinstance(parsed, Shipment)
+            outcome, applied = store.start_and_apply(
+                job_id=job_id_for(batch_id), upload_id=record.upload_id, batch_id=batch_id, shipment=parsed,
+            )
+            assert outcome.kind == "started" and applied is not None
+            if batch_id == "gone-1":
+                assert held.calls == [["gone-1"], ["gone-1"]]  # asked, a pruning happened, asked again
+                assert applied.kind == "replayed" and applied.result == {"imported": 1, "batchId": "gone-1", "replay": True}
+            else:
+                assert held.calls == [["gone-1"], ["gone-1"]]  # a new batch: no question to the ledger
+                assert applied.kind == "applied"
     finally:
         ledger.close()
-    assert held.calls == [["held-new"], ["held-new"]]  # asked, a pruning happened, asked again
     assert int(store.client.get(k.ledger_pruned)) == pruned_before + 1
-    assert outcome.kind == "started" and applied is not None and applied.kind == "applied"
-    assert store.stock_of(["HOLD-NEW"])["HOLD-NEW"] == 5
+    assert store.stock_of(["HOLD-OLD", "HOLD-NEW"]) == {"HOLD-OLD": 2, "HOLD-NEW": 5}
 
 
 def test_ledger_unreachable_an_import_that_only_the_ledger_can_vouch_for_waits_and_others_apply(
     make_system: Any, make_database: Any,
 ) -> None:
     """PostgreSQL refusing connections (the worker's URL names a closed port):
-    at a location where markers were pruned, a new batch is not applied on a
-    guess: its attempt is an outage (not counted) and it waits; at a location
-    that never pruned a marker, imports apply as usual. The POSTs answer 202:
-    no POST waits for the ledger. Once the ledger answers, the waiting import completes."""
+    the re-post of a batch whose marker was pruned is not applied on a guess:
+    its attempt is an outage (not counted) and it waits; new batches, at that
+    location and elsewhere, apply as usual. The POSTs answer 202: no POST
+    waits for the ledger. Once the ledger answers, the waiting import replays."""
     from tests.integration.support import free_port
 
     db = make_database()
@@ -280,7 +288,8 @@ def test_ledger_unreachable_an_import_that_only_the_ledger_can_vouch_for_waits_a
     )
     worker = system.start_worker()
     system.start_http()
-    import_and_wait(system, "down-old", shipment({"DOWN-1": 1}))
+    old = shipment({"DOWN-1": 1})
+    import_and_wait(system, "down-old", old)
     store = system.store()
     k = store.partition("main")
     store.delete_job_record(job_id_for("down-old"))
@@ -289,18 +298,19 @@ def test_ledger_unreachable_an_import_that_only_the_ledger_can_vouch_for_waits_a
     worker.stop()
     system.start_worker(IMPORTER_DATABASE_URL=f"postgresql://postgres@127.0.0.1:{free_port()}/none")
 
-    status, _ = system.post_csv("down-new", shipment({"DOWN-2": 2}))
+    status, _ = system.post_csv("down-old", old)
     assert status == 202
+    assert import_and_wait(system, "down-new", shipment({"DOWN-2": 2}))["state"] == "completed"
     assert import_and_wait(system, "elsewhere", shipment({"DOWN-3": 3}), "lyon")["state"] == "completed"
     time.sleep(3)
-    status, record = system.get_job(job_id_for("down-new"))
+    status, record = system.get_job(job_id_for("down-old"))
     assert status == 200 and record["state"] in ("waiting", "active", "retrying"), record
-    assert store.stock_of(["DOWN-2"])["DOWN-2"] == 0
+    assert store.stock_of(["DOWN-1", "DOWN-2"]) == {"DOWN-1": 1, "DOWN-2": 2}
 
     system.start_worker()  # one that reaches the ledger
-    done = system.wait_state(job_id_for("down-new"), timeout=90)
-    assert done["state"] == "completed" and done["result"] == {"imported": 1, "batchId": "down-new"}
-    assert store.stock_of(["DOWN-2"])["DOWN-2"] == 2
+    done = system.wait_state(job_id_for("down-old"), timeout=90)
+    assert done["state"] == "completed" and done["result"] == {"imported": 1, "batchId": "down-old", "replay": True}
+    assert store.stock_of(["DOWN-1"])["DOWN-1"] == 1
 
 
 def run_cli(system: System, *args: str) -> subprocess.CompletedProcess[str]:

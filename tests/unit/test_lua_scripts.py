@@ -115,7 +115,7 @@ def test_the_job_step_header_is_as_long_in_lua_and_in_python() -> None:
     shared_keys, per_import_keys, shared_argv = TOGETHER_LAYOUT
     assert f"local SHARED_KEYS, PER_IMPORT_KEYS, SHARED_ARGV = {shared_keys}, {per_import_keys}, {shared_argv}\n" in code_of("start_apply")
     header = (LUA / "start_apply.lua").read_text(encoding="utf-8")
-    assert f"KEYS[{shared_keys}] P:ledger:pruned" in header
+    assert f"KEYS[{shared_keys}] P:ledger:pruned:filter" in header
     assert f"ARGV[{shared_argv}] how many imports" in header
 
 

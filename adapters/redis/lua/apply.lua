@@ -5,6 +5,7 @@
 -- KEYS[8] P:stock   KEYS[9] P:generation   KEYS[10] P:done:<batchId>   KEYS[11] P:journal
 -- KEYS[12] P:jobs:completed   KEYS[13] P:upload:<uploadId>   KEYS[14] P:jobs:deadline
 -- KEYS[15] P:receipt:<batchId>   KEYS[16] P:ledger:pruned  [ledger] done markers ever pruned here
+-- KEYS[17] P:ledger:pruned:filter  [ledger] the batchIds whose marker was pruned (common.lua)
 -- ARGV[9] batchId  ARGV[10] contentSha256  ARGV[11] owner  ARGV[12] attempt  ARGV[13] maxStock
 -- ARGV[14..16] [ledger] the ledger's word on the batch, when the worker asked it
 --   (after an 'ask_ledger' reply): the P:ledger:pruned value it read before
@@ -25,8 +26,9 @@
 --   done marker with the same hash -> replay: stored result, replay=true, no change
 --   done marker with another hash  -> conflict: job failed, no change
 --   any SKU would exceed maxStock   -> overflow: job failed, no change
---   [ledger] no done marker, and done markers were pruned here since the
---   ledger was last asked -> {'ask_ledger', pruned}: nothing changed; the
+--   [ledger] no done marker, the batch in the filter of pruned batchIds, and
+--   done markers pruned here since the ledger was last asked
+--   -> {'ask_ledger', pruned}: nothing changed; the
 --   worker asks the ledger and calls again with its word (ARGV[14..16])
 --   archived in the ledger (ARGV[15]) -> as a done marker: replay or conflict
 --   otherwise add every quantity, bump generation, write the done marker and
@@ -86,7 +88,7 @@ if not done[1] then
   end
   local pruned  -- false when no marker was ever pruned here
   if started then pruned = started.pruned else pruned = redis.call('GET', KEYS[16]) end
-  if pruned and pruned ~= asked then return {'ask_ledger', pruned} end
+  if pruned and pruned ~= asked and maybe_pruned(KEYS[17], batch_id) then return {'ask_ledger', pruned} end
   if archived_sha ~= '' then done = {archived_sha, archived_result} end
 end
 zrem(KEYS[14], job_id)

@@ -22,6 +22,7 @@
 --   KEYS[12] P:journal   KEYS[13] P:jobs:completed
 --   KEYS[14] dramatiq's acks set of this worker and queue   KEYS[15] the queue's message hash
 --   KEYS[16] dramatiq's worker heartbeats   KEYS[17] P:ledger:pruned  [ledger] done markers ever pruned here
+--   KEYS[18] P:ledger:pruned:filter  [ledger] the batchIds whose marker was pruned (common.lua)
 --   per import: P:job:<jobId>  P:events:<jobId>  P:upload:<uploadId>  P:done:<batchId>  P:receipt:<batchId>
 -- ARGV: shared, then one run of values per import.
 --   ARGV[1] events maxlen   ARGV[2] maxAttempts   ARGV[3] public error JSON for exhausted attempts
@@ -34,8 +35,9 @@
 --   the batch (apply.lua's ARGV[14..16]: '' '' '' when not asked), the number
 --   of rows n, then n sku, quantity pairs
 --
--- [ledger] An import whose batch has no done marker here, when markers were
--- pruned since the ledger was asked (apply.lua, "The door"), is not started:
+-- [ledger] An import whose batch has no done marker here and is in the filter
+-- of pruned batchIds, when markers were pruned since the ledger was asked
+-- (apply.lua, "The door"), is not started:
 -- its reply is {{'ask_ledger', pruned}, {}, 0}, nothing of it changed, its
 -- message not acknowledged; the worker asks the ledger and calls again.
 --
@@ -47,7 +49,7 @@
 --
 -- Returns per import, in order: {start reply (its csv ''), apply reply or {}, 1 if acknowledged else 0}
 
-local SHARED_KEYS, PER_IMPORT_KEYS, SHARED_ARGV = 17, 5, 12
+local SHARED_KEYS, PER_IMPORT_KEYS, SHARED_ARGV = 18, 5, 12
 local acks_key, messages_key, heartbeats_key = KEYS[14], KEYS[15], KEYS[16]
 local count = tonumber(ARGV[12])
 
@@ -69,7 +71,7 @@ for i = 1, count do
   local first_pair = at + 9
   at = first_pair + 2 * rows
 
-  if pruned and pruned ~= ledger[1] and redis.call('EXISTS', done_key) == 0 then
+  if pruned and pruned ~= ledger[1] and redis.call('EXISTS', done_key) == 0 and maybe_pruned(KEYS[18], batch_id) then
     replies[i] = {{'ask_ledger', pruned}, {}, 0}
   else
   -- what the start hands the apply (start.lua: the record's fields of the attempt; [ledger] its word)
@@ -84,7 +86,7 @@ for i = 1, count do
   else
     -- {'started', attempt, batchId, owner, contentSha256, csv (''), token, now}
     local apply_keys = {job_key, KEYS[1], KEYS[2], KEYS[3], KEYS[4], job_events, KEYS[5],
-      KEYS[10], KEYS[11], done_key, KEYS[12], KEYS[13], upload_key, KEYS[8], receipt_key, KEYS[17]}
+      KEYS[10], KEYS[11], done_key, KEYS[12], KEYS[13], upload_key, KEYS[8], receipt_key, KEYS[17], KEYS[18]}
     local validated = '{"phase":"validated","rows":' .. rows .. '}'
     -- apply.lua's ARGV, its rows after ARGV[20]. unpack() runs in C (a loop in
     -- Lua here cost a tenth of the whole call) but has a stack limit of a few
