@@ -51,8 +51,10 @@ def postgres_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
         return
     from importer.adapters.postgres.embedded import EmbeddedPostgres
 
-    # In the project's folder, not pytest's (mode 0700): as root the server runs as 'nobody'.
-    folder = Path(__file__).resolve().parents[1] / "test-artifacts" / f"postgres-{os.getpid()}"
+    from tests.integration.support import server_folder
+
+    # Not under pytest's folder (mode 0700): as root the server runs as 'nobody'.
+    folder = server_folder("postgres")
     server = EmbeddedPostgres(folder / "data")
     url = server.start()
     try:

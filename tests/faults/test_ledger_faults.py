@@ -17,7 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,14 +27,14 @@ import pytest
 from importer.adapters.postgres.embedded import EmbeddedPostgres
 from importer.domain.shipment import job_id_for
 from tests.faults.harness import FAULT_ENV
-from tests.integration.support import ROOT, System, wait_for
+from tests.integration.support import ROOT, System, server_folder, wait_for
 
 pytestmark = pytest.mark.faults
 
 
 @pytest.fixture
 def postgres() -> Iterator[EmbeddedPostgres]:
-    folder = ROOT / "test-artifacts" / f"pg-fault-{uuid.uuid4().hex[:8]}"
+    folder = server_folder("pg-fault")
     server = EmbeddedPostgres(folder / "data")
     server.start()
     try:

@@ -60,6 +60,22 @@ class ProbeStore(RedisStore):
         pipe.execute()
 
 
+def server_folder(name: str) -> Path:
+    """A new folder for a test's embedded PostgreSQL data. As root the server runs as
+    'nobody', which must enter every parent folder: the project's test-artifacts/
+    when it can, else a new folder under the system's temp folder (a clone inside
+    a 0700 folder, as `mktemp -d` makes). Removed by the caller."""
+    import tempfile
+
+    folder = ROOT / "test-artifacts" / f"{name}-{uuid.uuid4().hex[:10]}"
+    if os.geteuid() != 0 or all(parent.stat().st_mode & 0o001 for parent in ROOT.parents):
+        folder.mkdir(parents=True)
+        return folder
+    folder = Path(tempfile.mkdtemp(prefix=f"importer-{name}-"))
+    folder.chmod(0o755)
+    return folder
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from importer.adapters.processes.client import http_json
-from tests.integration.support import FIXTURES, ROOT, free_port, wait_for
+from tests.integration.support import FIXTURES, ROOT, free_port, server_folder, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -30,10 +30,7 @@ def dev_data_dir(tmp_path: Path) -> Path:
     """A data folder in the project (removed after the test), not under pytest's
     0700 tmp folder: as root, `importer dev`'s embedded PostgreSQL runs as
     'nobody', which must be able to enter every parent folder of its data."""
-    import uuid
-
-    folder = ROOT / "test-artifacts" / f"dev-{uuid.uuid4().hex[:10]}"
-    folder.mkdir(parents=True)
+    folder = server_folder("dev")
     _CLEANUP.append(folder)
     return folder
 
