@@ -31,6 +31,7 @@ from importer.adapters.dramatiq.runner import ImportRunner, declare_import_actor
 from importer.adapters.redis.client import ImporterRedis, ImporterRedisCluster, RedisClient
 from importer.adapters.redis.errors import StoreUnavailable
 from importer.adapters.postgres.ledger import LedgerUnavailable, PostgresLedger
+from importer.adapters.processes.ledger import LedgerStatus
 from importer.adapters.redis.store import RedisStore
 from importer.adapters.settings import Settings, SettingsError
 from importer.adapters.dramatiq.presence import WorkerPresence
@@ -241,6 +242,7 @@ def build_http(settings: Settings) -> HttpSide:
         default_location=settings.default_location,
         history=ledger,
         ledger_errors=(LedgerUnavailable,),
+        ledger_status=LedgerStatus(store, ledger) if ledger is not None else (lambda: None),
     )
     keys = KeyRing.parse(settings.api_keys)
     if not keys.entries:

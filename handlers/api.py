@@ -101,6 +101,8 @@ class Api:
     history: History | None = None
     #: [ledger] Exceptions meaning "the ledger cannot be read": answered 503 ledger.unavailable.
     ledger_errors: tuple[type[BaseException], ...] = ()
+    #: [ledger] /health's view of the ledger ({up, lagEntries, lagSeconds}); None: no ledger.
+    ledger_status: Callable[[], dict[str, Any] | None] = lambda: None
 
 
 def _time(ms: int | None) -> datetime | None:
@@ -295,7 +297,9 @@ def health(api: Api, req: Request) -> Response:
     closed, or no confirm within the bound). With 200, ``workers``: the live
     workers as the door check sees them. No live worker, or none accepting this
     server's version, is still 200: it is not this process that is sick, and
-    its GETs keep serving (its POSTs wait, or answer 503 contract.no_worker)."""
+    its GETs keep serving (its POSTs wait, or answer 503 contract.no_worker).
+    With a ledger, ``ledger``: whether it answers and how far it is behind; a
+    ledger down or late is still 200 (imports go on, the history is late)."""
     if api.lifecycle.closing:
         return json_response(503, {"status": "unavailable", "reason": "closing"})
     reason = "redis_unreachable"
@@ -315,7 +319,11 @@ def health(api: Api, req: Request) -> Response:
         "producerVersion": api.producer_version,
         "acceptsImports": live_workers_can_run(api.producer_version, live),
     }
-    return json_response(200, {"status": "ok", "workers": workers})
+    payload: dict[str, Any] = {"status": "ok", "workers": workers}
+    ledger = api.ledger_status()
+    if ledger is not None:
+        payload["ledger"] = ledger  # late history is no sickness: still 200
+    return json_response(200, payload)
 
 
 def openapi_document(api: Api, req: Request) -> Response:

@@ -273,10 +273,25 @@ class WorkersSchema(Schema):
     })
 
 
+class LedgerHealthSchema(Schema):
+    """[ledger] The ledger as /health sees it (at most a second old)."""
+
+    up = fields.Boolean(required=True, metadata={"description": "The ledger (PostgreSQL) answered."})
+    lagEntries = fields.Integer(required=True, allow_none=True, metadata={
+        "description": "Applied shipments not yet in the ledger, every location together (null: unknown, the ledger is down).",
+    })
+    lagSeconds = fields.Float(required=True, allow_none=True, metadata={
+        "description": "Age of the oldest applied shipment not yet in the ledger, in seconds (0: none; null: unknown).",
+    })
+
+
 class HealthSchema(Schema):
     status = fields.String(required=True, validate=validate.OneOf(["ok", "unavailable"]))
     reason = fields.String(metadata={"description": "Why the service is unavailable: 'closing', 'redis_unreachable', 'redis_refuses_writes' (full, read-only, loading), 'broker_blocked' (RabbitMQ's memory or disk alarm) or 'broker_unreachable'."})
     workers = fields.Nested(WorkersSchema, metadata={"description": "With status ok: the live workers."})
+    ledger = fields.Nested(LedgerHealthSchema, metadata={
+        "description": "With status ok and a ledger configured: whether it answers and its export lag (never a reason for 503).",
+    })
 
 
 class ProblemSchema(Schema):

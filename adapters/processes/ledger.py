@@ -16,7 +16,9 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from importer.adapters.logs import log_event
 from importer.adapters.postgres.ledger import LedgerUnavailable, PostgresLedger
@@ -128,6 +130,45 @@ def export_lags(store: RedisStore, ledger: PostgresLedger, locations: list[str] 
         appended, oldest = store.journal_progress(location, cursor)
         lags.append(export_lag(location, appended=appended, exported=exported, oldest_pending_ms=oldest, now_ms=now))
     return lags
+
+
+class LedgerStatus:
+    """[ledger] /health's view of the ledger: up, and the export lag summed over the
+    locations. A daemon thread refreshes it every ``every_s``; a probe only reads the
+    last view, so /health never waits on PostgreSQL (a stopped server holds a query
+    with no bound). A view not refreshed for ``stale_s`` (the refresh is stuck) is
+    reported as down."""
+
+    def __init__(self, store: RedisStore, ledger: PostgresLedger, every_s: float = 1.0, stale_s: float = 5.0) -> None:
+        self.store = store
+        self.ledger = ledger
+        self.every_s = every_s
+        self.stale_s = stale_s
+        self._at = time.monotonic()
+        self._last: dict[str, Any] = {"up": False, "lagEntries": None, "lagSeconds": None}
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    def _refresh(self) -> None:
+        while True:
+            try:
+                lags = export_lags(self.store, self.ledger)
+                view: dict[str, Any] = {"up": True, "lagEntries": sum(lag.entries for lag in lags),
+                                        "lagSeconds": round(max((lag.seconds for lag in lags), default=0.0), 3)}
+            except Exception:  # the ledger or Redis away: down, said as such
+                view = {"up": False, "lagEntries": None, "lagSeconds": None}
+            self._last, self._at = view, time.monotonic()
+            time.sleep(self.every_s)
+
+    def __call__(self) -> dict[str, Any]:
+        if self._thread is None:  # started by the first probe, in the serving process (after any fork)
+            with self._start_lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._refresh, name="ledger-status", daemon=True)
+                    self._thread.start()
+        if time.monotonic() - self._at > self.stale_s:
+            return {"up": False, "lagEntries": None, "lagSeconds": None}
+        return dict(self._last)
 
 
 def verify(store: RedisStore, ledger: PostgresLedger, settings: Settings, locations: list[str]) -> list[str]:

@@ -11,6 +11,7 @@ that the ledger lacks), and imports applied throughout the fault."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -41,29 +42,46 @@ def postgres() -> Iterator[EmbeddedPostgres]:
         yield server
     finally:
         if server.pid is not None:
-            try:
-                os.killpg(server.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+            signal_server(server, signal.SIGCONT)
         server.stop()
         import shutil
 
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def kill_and_restart(server: EmbeddedPostgres) -> None:
+def signal_server(server: EmbeddedPostgres, sig: int) -> None:
+    """The postmaster and every process it started: each backend and helper is a
+    process group of its own (PostgreSQL calls setsid() in each child), so a
+    signal to the postmaster's group would miss the backends that serve the
+    connections already open."""
     assert server.pid is not None
-    os.killpg(server.pid, signal.SIGKILL)  # the postmaster and every backend, as a host crash
+    pids = [server.pid]
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == server.pid:
+                pids.append(int(entry.name))
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def kill_and_restart(server: EmbeddedPostgres) -> None:
+    signal_server(server, signal.SIGKILL)  # the postmaster and every backend, as a host crash
     server._proc.wait(10) if server._proc is not None else None  # noqa: SLF001 - reap it
     time.sleep(2)
     server.start()
 
 
 def stop_for_30s(server: EmbeddedPostgres) -> None:
-    assert server.pid is not None
-    os.killpg(server.pid, signal.SIGSTOP)
+    signal_server(server, signal.SIGSTOP)
     time.sleep(30)
-    os.killpg(server.pid, signal.SIGCONT)
+    signal_server(server, signal.SIGCONT)
 
 
 def read_only_for_5s(server: EmbeddedPostgres) -> None:
@@ -98,6 +116,7 @@ def test_a_postgres_fault_mid_export_loses_nothing_and_doubles_nothing(
         system.start_http()
         system.start_ledger()
         posted: list[tuple[str, int]] = []
+        healths: list[tuple[int, Any]] = []
         applied_during: list[int] = []
         stop = threading.Event()
 
@@ -109,6 +128,9 @@ def test_a_postgres_fault_mid_export_loses_nothing_and_doubles_nothing(
                 assert status == 202, body
                 posted.append((batch, i))
                 i += 1
+                if i % 10 == 0:
+                    code, _, raw = system.request("GET", "/health", key=None)
+                    healths.append((code, json.loads(raw).get("ledger")))
                 time.sleep(0.03)
 
         poster = threading.Thread(target=post, daemon=True)
@@ -125,6 +147,10 @@ def test_a_postgres_fault_mid_export_loses_nothing_and_doubles_nothing(
         for batch, _ in posted:
             assert system.wait_state(job_id_for(batch), timeout=60)["state"] == "completed", batch
         assert applied_during[0] > 0, "imports stopped while the ledger was sick"
+        # /health stays 200 throughout, the ledger reported (down, or late, during the fault)
+        assert healths and all(code == 200 and ledger is not None for code, ledger in healths), healths
+        if fault is not read_only_for_5s:  # a read-only server still answers reads
+            assert any(not ledger["up"] or ledger["lagSeconds"] > 1 for _, ledger in healths), healths
         assert store.stock_of(["PGF-ALL"])["PGF-ALL"] == len(posted)
 
         def exported() -> bool:

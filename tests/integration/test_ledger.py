@@ -6,6 +6,7 @@ batch whose done marker left Redis is never applied again."""
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import subprocess
@@ -341,6 +342,10 @@ def test_ledger_verify_lag_and_doctor(make_system: Any, make_database: Any) -> N
 
     assert metric("importer_ledger_lag_entries", "main") == 3
     assert metric("importer_ledger_lag_seconds", "main") > 0
+    time.sleep(1.1)  # /health's view of the ledger is at most a second old
+    status, _, raw = system.request("GET", "/health", key=None)
+    health = json.loads(raw)
+    assert status == 200 and health["ledger"]["up"] is True and health["ledger"]["lagEntries"] == 4, health
     doctor = run_cli(system, "doctor")
     assert "ledger schema: version" in doctor.stdout or "ledger schema" in doctor.stdout, doctor.stdout
     assert "3 shipment(s) not yet in the ledger" in doctor.stdout, doctor.stdout
