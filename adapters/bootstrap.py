@@ -30,7 +30,7 @@ from importer.adapters.dramatiq.rabbitmq import BoundedRabbitmqBroker
 from importer.adapters.dramatiq.runner import ImportRunner, declare_import_actor
 from importer.adapters.redis.client import ImporterRedis, ImporterRedisCluster, RedisClient
 from importer.adapters.redis.errors import StoreUnavailable
-from importer.adapters.postgres.ledger import LedgerUnavailable, PostgresLedger
+from importer.adapters.postgres.ledger import LedgerUnavailable, PostgresLedger, ProducerArchive
 from importer.adapters.processes.ledger import LedgerStatus
 from importer.adapters.redis.store import RedisStore
 from importer.adapters.settings import Settings, SettingsError
@@ -241,6 +241,7 @@ def build_http(settings: Settings) -> HttpSide:
         producer_version=settings.producer_version,
         default_location=settings.default_location,
         history=ledger,
+        archive=ProducerArchive(ledger) if ledger is not None else None,
         ledger_errors=(LedgerUnavailable,),
         ledger_status=LedgerStatus(store, ledger) if ledger is not None else (lambda: None),
     )

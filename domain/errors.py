@@ -173,6 +173,15 @@ class RateLimited(DomainError):
         return cls(max(1, -(-wait_ms // 1000)))
 
 
+class LedgerUnreachable(DomainError):
+    """[ledger] Only the ledger can say whether this batch was applied long ago, and it
+    does not answer now: nothing was recorded; the same POST may be sent again."""
+
+    code = "ledger.unavailable"
+    permanent = False
+    retry_after_s = 5
+
+
 class BatchUnsettled(DomainError):
     """The batch's live job changed again and again while its content was
     compared (submit_import): nothing was recorded; the same POST may be sent

@@ -116,6 +116,7 @@ class ArchivedShipment:
 
     content_sha256: str
     result: str
+    owner: str = ""
 
 
 # -- ports ------------------------------------------------------------------

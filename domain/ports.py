@@ -28,7 +28,9 @@ class EnqueueOutcome:
     #: 'content_needed': the batch is known (a live job or its done marker) with
     #: other bytes; nothing was recorded: ask again with the upload's content
     #: key (and, with ``stored_upload_id``, the stored upload's).
-    kind: Literal["created", "exists", "conflict", "no_worker", "rate_limited", "content_needed"]
+    #: 'ask_ledger' [ledger]: no job and no done marker, and the batch's marker may have
+    #: been pruned: ask the ledger, then enqueue again with ``ledger_asked``.
+    kind: Literal["created", "exists", "conflict", "no_worker", "rate_limited", "content_needed", "ask_ledger"]
     #: The job's state when it exists ('waiting' for a new one).
     state: str = ""
     #: A new job's message was written in the same atomic step as its record
@@ -97,6 +99,7 @@ class JobRecorder(Protocol):
     def enqueue(
         self, *, job_id: str, batch_id: str, owner: str, content_sha256: str, upload_id: str, csv: bytes,
         raw_sha256: str = "", stored_content: tuple[str, str] | None = None, rate_token: bool = False,
+        ledger_asked: bool = False,
     ) -> EnqueueOutcome:
         """Record the job once.
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from importer.domain.errors import BatchConflict, BatchUnsettled, NoWorkerAccepts, RateLimited
+from importer.domain.errors import BatchConflict, BatchUnsettled, LedgerUnreachable, NoWorkerAccepts, RateLimited
+from importer.domain.ledger import ArchiveLookup
 from importer.domain.locations import MAIN
-from importer.domain.ports import JobRecorder, MessageSender
+from importer.domain.ports import EnqueueOutcome, JobRecorder, MessageSender
 from importer.domain.shipment import bytes_sha256, content_key, job_id_for
 
 
@@ -31,7 +32,7 @@ class Accepted:
 
 def submit_import(
     recorder: JobRecorder, sender: MessageSender, *, owner: str, batch_id: str, csv: bytes, upload_id: str, max_rows: int,
-    rate_token: bool = False, location: str = MAIN,
+    rate_token: bool = False, location: str = MAIN, archive: ArchiveLookup | None = None,
 ) -> Accepted:
     """Record the job of ``batch_id`` at ``location`` (once) and send its message.
 
@@ -76,6 +77,9 @@ def submit_import(
             job_id=job_id, batch_id=batch_id, owner=owner, content_sha256=key,
             raw_sha256=raw, stored_content=stored, upload_id=upload_id, csv=csv,
         )
+    if outcome.kind == "ask_ledger":
+        outcome = _asked_ledger(recorder, archive, job_id=job_id, batch_id=batch_id, owner=owner, csv=csv,
+                                raw=raw, upload_id=upload_id, location=location, max_rows=max_rows)
     if outcome.kind == "content_needed":
         raise BatchUnsettled()
     if outcome.kind == "rate_limited":
@@ -88,6 +92,26 @@ def submit_import(
         sender.send(job_id=job_id, batch_id=batch_id, upload_id=upload_id)
         recorder.mark_sent(job_id)
     return Accepted(job_id, batch_id, outcome.state, location)
+
+
+def _asked_ledger(
+    recorder: JobRecorder, archive: ArchiveLookup | None, *, job_id: str, batch_id: str, owner: str, csv: bytes,
+    raw: str, upload_id: str, location: str, max_rows: int,
+) -> EnqueueOutcome:
+    """[ledger] The batch's done marker may have left Redis: the ledger says whether it
+    was applied, by whom and with what content. Another owner's, or other content:
+    a conflict (409, as with a marker). The same content, or not there: recorded
+    (the worker's apply asks the ledger again and replays or applies).
+    No ledger answer: LedgerUnreachable (503), nothing recorded."""
+    if archive is None:
+        raise LedgerUnreachable()
+    found = archive.archived(location, [batch_id]).get(batch_id)
+    if found is not None and (found.owner != owner or found.content_sha256 != content_key(csv, max_rows)):
+        return EnqueueOutcome("conflict")
+    return recorder.enqueue(
+        job_id=job_id, batch_id=batch_id, owner=owner, content_sha256="", raw_sha256=raw,
+        upload_id=upload_id, csv=csv, ledger_asked=True,
+    )
 
 
 #: Calls after a 'content_needed' answer before giving up (503): each round

@@ -23,7 +23,7 @@ from marshmallow import ValidationError
 from importer.domain.contract import CURRENT_VERSION, live_workers_can_run
 from importer.domain.errors import RateLimited
 from importer.domain.jobs import JobRecord
-from importer.domain.ledger import History
+from importer.domain.ledger import ArchiveLookup, History
 from importer.domain.ports import JobStore, MessageSender
 from importer.domain.retry_import import retry_refusal
 from importer.domain.locations import LOCATION_PATTERN, MAIN, is_valid_location, location_of_job
@@ -99,6 +99,8 @@ class Api:
     default_location: str = MAIN
     #: [ledger] The history's reads (PostgreSQL); None: no ledger (those routes answer 503 ledger.unavailable).
     history: History | None = None
+    #: [ledger] Where a POST asks about a batch whose done marker may have been pruned; None: no ledger.
+    archive: ArchiveLookup | None = None
     #: [ledger] Exceptions meaning "the ledger cannot be read": answered 503 ledger.unavailable.
     ledger_errors: tuple[type[BaseException], ...] = ()
     #: [ledger] /health's view of the ledger ({up, lagEntries, lagSeconds}); None: no ledger.
@@ -249,6 +251,7 @@ def enqueue(api: Api, req: Request) -> Response:
     accepted = submit_import(
         api.store, api.sender, owner=req.owner or "", batch_id=batch_id, csv=csv,
         upload_id=api.uuidgen(), max_rows=api.max_rows, rate_token=rate_token_with_enqueue(req), location=location,
+        archive=api.archive,
     )
     # JobAcceptedSchema's strings, as its dump() gives them (tests/unit/test_http_handlers.py
     # holds the two to the same bytes), without the schema machinery on every POST.

@@ -6,7 +6,6 @@ responses (statuses from handlers/problems.py)."""
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -20,8 +19,6 @@ from importer.handlers.answers import answer_for
 from importer.handlers.auth import KeyRing, bearer_token
 from importer.handlers.http import Request, Response, problem_of
 from importer.handlers.problems import ApiError
-
-log = logging.getLogger("importer.http")
 
 @dataclass(frozen=True)
 class Route:
@@ -97,8 +94,9 @@ ROUTES: tuple[Route, ...] = (
         "request.bad_json", "request.incomplete", "request.bad_digest", "request.digest_mismatch", *_API_ERRORS,
         "batch.conflict", "request.length_required", "request.too_large",
         "request.unsupported_media_type", "request.invalid", "request.rate_limited", "service.busy",
-        "contract.no_worker", "request.timeout", "location.not_found",
+        "contract.no_worker", "request.timeout", "location.not_found", "ledger.unavailable",
     ), error_notes={
+        "ledger.unavailable": "Only the ledger can say whether this old batch was applied, and it does not answer; nothing recorded",
         "location.not_found": "The API key names its stock locations, not this one (?location=, the body's, or the default); nothing recorded",
         "batch.conflict": (
             "The batchId is already bound to other content or another producer; the answer is the same "

@@ -16,6 +16,7 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from importer.adapters.postgres.migrations import applied_version, latest_version, migrate
+from importer.domain.errors import LedgerUnreachable
 from importer.domain.jobs import ShipmentRecord
 from importer.domain.ledger import (
     ArchivedShipment, JournalEntry, LedgerMovement, LedgerShipment, MovementFilter, Position, ReceiptSource,
@@ -310,8 +311,21 @@ class PostgresLedger(LedgerReads):
             return {}
         with ledger_errors(), self.pool.connection() as conn:
             rows = conn.execute(
-                "SELECT batch_id, content_sha256, result FROM ledger_shipments WHERE location = %s AND batch_id = ANY(%s)",
+                "SELECT batch_id, content_sha256, result, owner FROM ledger_shipments WHERE location = %s AND batch_id = ANY(%s)",
                 (location, batch_ids),
             ).fetchall()
-        return {str(r[0]): ArchivedShipment(str(r[1]), str(r[2])) for r in rows}
+        return {str(r[0]): ArchivedShipment(str(r[1]), str(r[2]), str(r[3])) for r in rows}
 
+
+class ProducerArchive:
+    """[ledger] The door's question as a producer (submit_import) asks it: the ledger's
+    own errors become the domain's LedgerUnreachable (503 ledger.unavailable)."""
+
+    def __init__(self, ledger: PostgresLedger) -> None:
+        self.ledger = ledger
+
+    def archived(self, location: str, batch_ids: list[str]) -> dict[str, ArchivedShipment]:
+        try:
+            return self.ledger.archived(location, batch_ids)
+        except LedgerUnavailable:
+            raise LedgerUnreachable() from None

@@ -24,6 +24,7 @@ class JobRecorder(RedisStoreBase):
     def enqueue(
         self, *, job_id: str, batch_id: str, owner: str, content_sha256: str, upload_id: str, csv: bytes,
         raw_sha256: str = "", stored_content: tuple[str, str] | None = None, rate_token: bool = False,
+        ledger_asked: bool = False,
     ) -> EnqueueOutcome:
         k, s = self.partition_of(job_id), self.settings
         now = self._now()
@@ -42,10 +43,11 @@ class JobRecorder(RedisStoreBase):
             k.job(job_id), k.upload(upload_id), k.done(batch_id), k.unsent, k.waiting, k.events, k.owner_jobs(owner),
             k.workers, k.workers_accepts, k.workers_accepting(s.producer_version), k.rate(owner, now // window_ms),
             k.job_events(job_id),  # KEYS[12], always: the job's own event stream
+            k.ledger_pruned_filter,  # KEYS[13] [ledger]
         ]
         args: list[Any] = [
             job_id, batch_id, owner, content_sha256, upload_id, now, csv, s.events_maxlen, s.producer_version,
-            rate_limit, window_ms * 2, raw_sha256, *(stored_content or ("", "")),
+            rate_limit, window_ms * 2, raw_sha256, *(stored_content or ("", "")), "1" if ledger_asked else "",
         ]
         if self.messages is not None:  # the location's queue: in its slot on a cluster (LocationQueues)
             message = self.messages(job_id, batch_id, upload_id)
@@ -68,6 +70,8 @@ class JobRecorder(RedisStoreBase):
             return EnqueueOutcome("rate_limited", retry_after_ms=window_ms - now % window_ms)
         if kind == "content_needed":
             return EnqueueOutcome("content_needed", stored_upload_id=text_of(reply[1]))
+        if kind == "ask_ledger":
+            return EnqueueOutcome("ask_ledger")
         return EnqueueOutcome("conflict")
 
     def _replicated(self, k: Keys) -> None:

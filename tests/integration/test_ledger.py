@@ -190,8 +190,11 @@ def test_redis_drops_what_the_ledger_holds_and_an_archived_batch_is_never_applie
     assert store.client.exists(k.done("archived-1")) == 0  # an archived batch is not brought back
 
     store.delete_job_record(job_id_for("archived-1"))
-    other = import_and_wait(system, "archived-1", shipment({"ARCH-1": 99}))
-    assert other["state"] == "failed" and other["error"]["code"] == "batch.conflict"
+    status, problem = system.post_csv("archived-1", shipment({"ARCH-1": 99}))  # other content: 409 at once
+    assert status == 409 and problem["code"] == "batch.conflict", problem
+    status, problem = system.post_csv("archived-1", data, key=system.other_key)  # another producer's batchId
+    assert status == 409 and problem["code"] == "batch.conflict", problem
+    assert system.get_job(job_id_for("archived-1"))[0] == 404  # nothing recorded
     assert store.stock_of(["ARCH-1", "ARCH-2"]) == before
     assert len(ledger_rows(db)[0]) == 2
 
@@ -297,7 +300,17 @@ def test_ledger_unreachable_an_import_that_only_the_ledger_can_vouch_for_waits_a
     system.start_ledger(once=True).popen.wait(60)
     assert store.client.exists(k.done("down-old")) == 0
     worker.stop()
-    system.start_worker(IMPORTER_DATABASE_URL=f"postgresql://postgres@127.0.0.1:{free_port()}/none")
+    unreachable = f"postgresql://postgres@127.0.0.1:{free_port()}/none"
+    system.start_worker(IMPORTER_DATABASE_URL=unreachable)
+    good_http = system.base_url
+    system.start_http(IMPORTER_DATABASE_URL=unreachable)
+    # a POST that only the ledger can answer for: 503, nothing recorded; a new batch: 202
+    status, headers, raw = system.request("POST", "/api/imports?batchId=down-old", body=old, ctype="text/csv")
+    assert status == 503 and json.loads(raw)["code"] == "ledger.unavailable" and headers["Retry-After"] == "5", raw
+    assert system.get_job(job_id_for("down-old"))[0] == 404
+    status, _ = system.post_csv("down-other", shipment({"DOWN-4": 4}))
+    assert status == 202
+    system.base_url = good_http
 
     status, _ = system.post_csv("down-old", old)
     assert status == 202

@@ -23,10 +23,14 @@
 -- KEYS[12] P:events:<jobId>   [console] the job's own event stream (always here,
 --   before the optional message keys: every key the script writes is declared)
 --
+-- KEYS[13] P:ledger:pruned:filter  [ledger] the batchIds whose done marker was pruned here
+-- ARGV[15] [ledger] '1': the producer asked the ledger about this batch after an
+--   'ask_ledger' answer (and found it new, or the same content); '' otherwise
+--
 -- With the job's dramatiq message (Redis transport, the broker on this Redis):
--- KEYS[13] <namespace>:<queue>  KEYS[14] <namespace>:<queue>.msgs  KEYS[15] P:jobs:deadline
--- ARGV[15] redis_message_id  ARGV[16] the message as dramatiq's encoder wrote it
--- ARGV[17] waiting grace ms
+-- KEYS[14] <namespace>:<queue>  KEYS[15] <namespace>:<queue>.msgs  KEYS[16] P:jobs:deadline
+-- ARGV[16] redis_message_id  ARGV[17] the message as dramatiq's encoder wrote it
+-- ARGV[18] waiting grace ms
 --   written as dramatiq's RedisBroker.enqueue (its dispatch.lua) writes it:
 --   HSET the data under the id in .msgs, RPUSH the id on the queue list. So
 --   no job ever exists without its message, and no unsent entry is needed;
@@ -36,6 +40,12 @@
 --
 -- Returns {'created', sent (1|0)} | {'exists', state} | {'conflict', reason}
 --   | {'no_worker', '1,3'} | {'rate_limited'} | {'content_needed', uploadId}
+--   | {'ask_ledger'} [ledger]: no job and no done marker, and the batch is in
+--   the filter of pruned batchIds: it may have been applied long ago; nothing
+--   was written: the producer asks the ledger (409 for other content or
+--   another owner) and calls again with ARGV[15] '1'. The worker's apply asks
+--   again whatever the producer found (apply.lua, "The door"): this answer is
+--   for the sender, not the guard.
 --   'rate_limited' [rate]: the token is taken first, whatever follows (as
 --   before the body: a replay or a conflict counts too); past the limit
 --   nothing else is read or written.
@@ -91,6 +101,8 @@ if done[1] then
   if done[2] ~= sha then return {'conflict', 'content'} end
 end
 
+if not done[1] and ARGV[15] ~= '1' and maybe_pruned(KEYS[13], batch_id) then return {'ask_ledger'} end  -- [ledger]
+
 local refused = no_worker_accepts(KEYS[8], KEYS[9], KEYS[10], ARGV[9])  -- [door]
 if refused then return {'no_worker', refused} end
 
@@ -102,12 +114,12 @@ redis.call('SET', upload_key, ARGV[7])
 redis.call('ZADD', KEYS[5], ARGV[6], job_id)
 redis.call('ZADD', KEYS[7], ARGV[6], job_id)  -- [console] GET /api/imports
 emit(KEYS[6], KEYS[12], ARGV[8], 'waiting', job_id, batch_id, 0, '{}')
-local queue_key, messages_key = KEYS[13], KEYS[14]
-local message_id, message_data = ARGV[15], ARGV[16]
+local queue_key, messages_key = KEYS[14], KEYS[15]
+local message_id, message_data = ARGV[16], ARGV[17]
 if queue_key and message_id then
   redis.call('HSET', messages_key, message_id, message_data)
   redis.call('RPUSH', queue_key, message_id)
-  redis.call('ZADD', KEYS[15], 'NX', tonumber(ARGV[6]) + tonumber(ARGV[17]), job_id)
+  redis.call('ZADD', KEYS[16], 'NX', tonumber(ARGV[6]) + tonumber(ARGV[18]), job_id)
   return {'created', 1}
 end
 redis.call('ZADD', KEYS[4], ARGV[6], job_id)
