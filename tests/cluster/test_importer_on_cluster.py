@@ -30,7 +30,7 @@ from importer.domain.shipment import job_id_for
 from tests.cluster.cluster_nodes import LocalCluster
 from tests.faults.harness import FAULT_ENV, Driver, documented_bound
 from tests.integration.conftest import require_transport
-from tests.integration.support import FIXTURES, ProbeStore, System, delete_rabbitmq_queues, wait_for
+from tests.integration.support import FIXTURES, ROOT, ProbeStore, System, delete_rabbitmq_queues, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -257,14 +257,19 @@ def check_locations(system: System, driver: Driver, *, since: float, bound: floa
     return figures
 
 
-def test_a_master_sigkilled_mid_drain_fails_over_and_every_import_ends_once(fresh_cluster: Any, tmp_path: Path) -> None:
+def test_a_master_sigkilled_mid_drain_fails_over_and_every_import_ends_once(
+    fresh_cluster: Any, tmp_path: Path, make_database: Any,
+) -> None:
     cluster = fresh_cluster(masters=3, replicas_per_master=1)
-    system = cluster_system(cluster, tmp_path, **FAULT_ENV)
+    # [ledger] on, exporting throughout (the hot window keeps the journal for the checks below)
+    system = cluster_system(cluster, tmp_path, **FAULT_ENV, IMPORTER_DATABASE_URL=make_database(),
+                            IMPORTER_LEDGER_INTERVAL="0.05")
     try:
         by_master = spread_locations(cluster, system.prefix)
         locations = tuple(loc for locs in by_master.values() for loc in locs)
         system.start_worker(threads=4)
         system.start_http(workers=2)
+        system.start_ledger()
         driver = Driver(system, 300, locations=locations).start()
         assert driver.posted.wait(60), "a quarter of the POSTs accepted before the fault"
         # The master of two busy locations (not main's: the queue's slot is another scenario's).
@@ -275,8 +280,41 @@ def test_a_master_sigkilled_mid_drain_fails_over_and_every_import_ends_once(fres
         print(f"[faults] master :{victim.port} killed; replica :{promoted.port} took over")
         driver.join(180)
         check_locations(system, driver, since=fault_over, bound=documented_bound(system.env) + 30)
+        check_ledger(system, locations)
     finally:
         system.stop_all()
+
+
+def check_ledger(system: System, locations: tuple[str, ...]) -> None:
+    """[ledger] Every applied batch in the ledger once (its movements equal to its
+    receipt), and `importer ledger verify` clean."""
+    import psycopg
+
+    store = system.store()
+    database = system.env["IMPORTER_DATABASE_URL"]
+
+    def caught_up() -> bool:
+        with psycopg.connect(database) as conn:
+            held = conn.execute("SELECT count(*) FROM ledger_shipments").fetchone()
+        return bool(held) and held[0] == sum(store.client.xlen(store.partition(loc).journal) for loc in locations)
+
+    wait_for(caught_up, 60, 0.2, message="the ledger caught up")
+    with psycopg.connect(database) as conn:
+        for location in locations:
+            k = store.partition(location)
+            journal = {f[b"batchId"].decode() for _, f in store.client.xrange(k.journal)}
+            held = {r[0] for r in conn.execute("SELECT batch_id FROM ledger_shipments WHERE location = %s", (location,))}
+            assert held == journal, f"{location}: ledger != journal"
+            for batch_id in journal:
+                moves = conn.execute(
+                    "SELECT sku, before, after FROM ledger_movements WHERE location = %s AND batch_id = %s ORDER BY line",
+                    (location, batch_id),
+                ).fetchall()
+                lines = decode_receipt(store.client.get(k.receipt(batch_id)) or b"")
+                assert [(m[0], m[1], m[2]) for m in moves] == [(x.sku, x.before, x.after) for x in lines], batch_id
+    verified = subprocess.run([sys.executable, "-m", "importer.adapters.processes.cli", "ledger", "verify"],
+                              env=system.env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
 def test_an_import_is_accepted_only_once_a_replica_has_it(fresh_cluster: Any, tmp_path: Path) -> None:
