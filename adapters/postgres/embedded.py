@@ -16,7 +16,10 @@ parent folder of the data folder to other users. This launcher does neither:
 * it listens on 127.0.0.1 only, on a free port, with no Unix socket, trust
   authentication for the local superuser ``postgres``;
 * a second server on the same data folder is refused: PostgreSQL's own
-  ``postmaster.pid`` lock, checked before start, named in the error.
+  ``postmaster.pid`` lock, checked before start, named in the error;
+* as root, when 'nobody' cannot reach the wheel's binaries (the project in a
+  folder others cannot enter), they are copied once into a root-owned folder
+  under the system's temp folder and run from there.
 
 ``stop()`` ends it (fast shutdown, then SIGKILL after a bound); callers stop
 it on every exit path (``importer dev``'s finally, the tests' fixtures).
@@ -27,9 +30,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import pwd
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -49,6 +54,36 @@ def _bin_dir() -> Path:
         if (candidate / "postgres").exists():
             return candidate
     raise EmbeddedPostgresError(f"no PostgreSQL binaries found in {root}")
+
+
+def _reachable_by_others(path: Path) -> bool:
+    return all(parent.stat().st_mode & 0o001 for parent in path.parents)
+
+
+def _runnable_copy(bin_dir: Path) -> Path:
+    """As root, the server runs as 'nobody', which must reach its binaries too: when the
+    package sits under a folder others cannot enter (a project in a 0700 folder, as
+    `mktemp -d` makes), its PostgreSQL installation is copied once, read-only for others,
+    into a root-owned folder under the system's temp folder, and run from there."""
+    install = bin_dir.parent
+    if _reachable_by_others(install):
+        return bin_dir
+    version = (install / "bin" / "postgres").stat()
+    target = Path(tempfile.gettempdir()) / f"importer-postgres-{install.name}-{version.st_size}-{int(version.st_mtime)}"
+    if target.exists():
+        info = target.stat()
+        if info.st_uid != 0 or info.st_mode & 0o022 or target.is_symlink():
+            raise EmbeddedPostgresError(f"{target} exists and is not a root-owned copy: remove it")
+        return target / "bin"
+    staging = Path(tempfile.mkdtemp(prefix="importer-postgres-copy-"))
+    shutil.copytree(install, staging / "install", symlinks=True)
+    (staging / "install").chmod(0o755)
+    try:
+        (staging / "install").rename(target)
+    except OSError:  # another process made it first
+        pass
+    shutil.rmtree(staging, ignore_errors=True)
+    return target / "bin"
 
 
 def _free_port() -> int:
@@ -105,6 +140,8 @@ class EmbeddedPostgres:
 
     def start(self, timeout: float = 30) -> str:
         bin_dir = _bin_dir()
+        if self._run_as is not None:
+            bin_dir = _runnable_copy(bin_dir)
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         self._check_traversable()
         holder = self._held_by_live_server()
