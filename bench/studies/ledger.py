@@ -18,151 +18,14 @@ embedded PostgreSQL; rounds alternate on/off, medians are reported.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import signal
 import statistics
-import subprocess
-import sys
-import threading
-import time
-import uuid
+import tempfile
 from pathlib import Path
 from typing import Any
 
-import redis
-
-from bench.suite.common import csv_3rows, csv_rows
-from bench.suite.producer import preenqueue_importer
-from importer.adapters.postgres.embedded import EmbeddedPostgres
-from importer.adapters.redis.embedded import EmbeddedRedis
+from bench.suite.ledger import one_round
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _env(url: str, db: str | None, prefix: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IMPORTER_")}
-    env.update(
-        IMPORTER_REDIS_URL=url, IMPORTER_KEY_PREFIX=prefix, IMPORTER_API_KEYS="bench:" + "0" * 64,
-        IMPORTER_RATE_LIMIT="0", IMPORTER_KEEP_COMPLETED_AGE="0", IMPORTER_KEEP_COMPLETED_COUNT="0",
-        IMPORTER_RECONCILE_INTERVAL="0.5", IMPORTER_LEDGER_HOT_WINDOW="0", IMPORTER_IDEMPOTENCY_HORIZON="0",
-        IMPORTER_LOG_FORMAT="json",
-    )
-    if db:
-        env["IMPORTER_DATABASE_URL"] = db
-    return env
-
-
-def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "importer.adapters.processes.cli", *args], env=env, cwd=ROOT,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-def one_round(n: int, ledger_on: bool, work: Path) -> dict[str, Any]:
-    work.mkdir(parents=True, exist_ok=True)
-    valkey = EmbeddedRedis(work / "valkey")
-    url = valkey.start()
-    pg = EmbeddedPostgres(work / "pg" / "data") if ledger_on else None
-    db = pg.start() if pg else None
-    prefix = "{bench}:"
-    env = _env(url, db, prefix)
-    client = redis.Redis.from_url(url)
-    procs: list[subprocess.Popen[bytes]] = []
-    out: dict[str, Any] = {"ledger": ledger_on}
-    try:
-        client.config_set("appendonly", "no")  # memory, not the disk, is measured
-        out["memory_before"] = int(client.info("memory")["used_memory"])
-        preenqueue_importer(url, env, n, "drain", csv_3rows)
-        if ledger_on:
-            procs.append(_spawn(["ledger"], env, work / "ledger.log"))
-        lags: list[tuple[int, float]] = []
-        stop = threading.Event()
-        if ledger_on:
-            from importer.adapters.bootstrap import clock_ms, redis_client
-            from importer.adapters.postgres.ledger import PostgresLedger
-            from importer.adapters.processes.ledger import export_lags
-            from importer.adapters.redis.store import RedisStore
-            from importer.adapters.settings import Settings
-
-            settings = Settings.from_env(env)
-            store = RedisStore(redis_client(settings), settings, clock_ms=clock_ms)
-            ledger = PostgresLedger(db or "", max_size=1).open()
-
-            def sample() -> None:
-                while not stop.wait(0.1):
-                    try:
-                        lag = export_lags(store, ledger, ["main"])[0]
-                        lags.append((lag.entries, lag.seconds))
-                    except Exception:  # the schema not there yet at the very start
-                        pass
-
-            sampler = threading.Thread(target=sample, daemon=True)
-        completed_key = f"{prefix}stats"
-        started = time.monotonic()
-        procs.append(_spawn(["worker", "--processes", "1", "--threads", "2"], env, work / "worker.log"))
-        if ledger_on:
-            sampler.start()
-        while int(client.hget(completed_key, "completed") or 0) < n:
-            time.sleep(0.05)
-            if time.monotonic() - started > 900:
-                raise RuntimeError("drain did not finish in 900 s")
-        out["imports_per_s"] = n / (time.monotonic() - started)
-        if ledger_on:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and (not lags or lags[-1][0] > 0):
-                time.sleep(0.1)
-            stop.set()
-            sampler.join(5)
-            ages = sorted(s for _, s in lags)
-            out["lag_p99_s"] = ages[int(0.99 * (len(ages) - 1))] if ages else None
-            out["lag_max_entries"] = max((e for e, _ in lags), default=0)
-        # retention removes the records; with the ledger, the exporter trims and prunes
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and client.zcard(f"{prefix}jobs:completed") > 0:
-            time.sleep(0.2)
-        if ledger_on:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and client.zcard(f"{prefix}ledger:markers") > 0:
-                time.sleep(0.2)
-        time.sleep(1)
-        client.execute_command("MEMORY", "PURGE")
-        out["memory_after"] = int(client.info("memory")["used_memory"])
-        out["markers_left"] = sum(1 for _ in client.scan_iter(match=f"{prefix}done:*", count=1000))
-        if ledger_on:
-            # 3. one 100,000-row shipment, exported by one pass of an in-process exporter
-            from importer.adapters.processes.ledger import Exporter
-
-            for proc in procs:
-                if proc.args[-5:-4] == ["ledger"] or "ledger" in proc.args:
-                    _stop(proc)
-            preenqueue_importer(url, env, 1, "large", lambda i: csv_rows(100_000))
-            while int(client.hget(completed_key, "completed") or 0) < n + 1:
-                time.sleep(0.05)
-            exporter = Exporter(store, ledger, settings)
-            t0 = time.monotonic()
-            exporter.pass_once()
-            out["export_100k_s"] = time.monotonic() - t0
-            ledger.close()
-        return out
-    finally:
-        for proc in procs:
-            _stop(proc)
-        client.close()
-        if pg:
-            pg.stop()
-        valkey.stop()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def main() -> None:
@@ -170,7 +33,9 @@ def main() -> None:
     parser.add_argument("--imports", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    base = ROOT / "test-artifacts" / f"bench-ledger-{uuid.uuid4().hex[:6]}"
+    base = Path(tempfile.mkdtemp(prefix="importer-bench-ledger-"))
+    base.chmod(0o755)  # as root the embedded PostgreSQL runs as 'nobody'
+
     results: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
     for r in range(args.rounds):
         for on in (False, True):

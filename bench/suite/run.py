@@ -54,12 +54,13 @@ from bench.suite.common import QUICK_RESULTS, RESULTS, ROOT, code_fingerprint, l
 from bench.suite.drain import scenario_drain  # noqa: E402
 from bench.suite.http_load import scenario_http  # noqa: E402
 from bench.suite.large_batch import scenario_large  # noqa: E402
+from bench.suite.ledger import scenario_ledger  # noqa: E402
 from bench.suite.message_size import scenario_size  # noqa: E402
 from bench.suite.peers.bullmq_runner import BullmqPeer  # noqa: E402
 from bench.suite.report import write_results  # noqa: E402
 from bench.suite.servers import Bench, Config  # noqa: E402
 
-SCENARIOS = ("size", "drain", "accounting", "http", "large", "cluster")
+SCENARIOS = ("size", "drain", "accounting", "http", "large", "cluster", "ledger")
 
 
 def parse_args(argv: list[str]) -> Config:
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     finished = False
     failed = False
     try:
-        if cfg.peer and cfg.only != {"cluster"}:  # the cluster scenario has no peer
+        if cfg.peer and not cfg.only <= {"cluster", "ledger"}:  # those scenarios have no peer
             b.peer, b.peer_note = BullmqPeer.prepare(b)
             if b.peer is None:
                 log(b.peer_note)
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             b.peer_note = "left out (--no-peer)" if not cfg.peer else "not needed (--only cluster)"
         b.start_server()
         runs = {"size": scenario_size, "drain": scenario_drain, "accounting": scenario_accounting,
-                "http": scenario_http, "large": scenario_large, "cluster": scenario_cluster}
+                "http": scenario_http, "large": scenario_large, "cluster": scenario_cluster, "ledger": scenario_ledger}
         for name in SCENARIOS:
             if name not in cfg.only:
                 continue
