@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -375,3 +376,52 @@ def test_ledger_verify_lag_and_doctor(make_system: Any, make_database: Any) -> N
     drift = run_cli(system, "ledger", "verify")
     assert drift.returncode == 1 and "paris: VER-A is 12 in Redis but its movements end at 7" in drift.stdout, drift.stdout
     assert run_cli(system, "ledger", "verify", "--location", "main").returncode == 0
+
+
+def test_edge_ids_a_deleted_receipt_and_a_100000_row_shipment(make_system: Any, make_database: Any) -> None:
+    """Bad input for the exporter: a batchId and SKUs at the edges of their
+    patterns (64 characters, '.', '_', '-'); a receipt an operator deleted
+    before the export (the shipment is exported without lines, and the
+    exporter says so); a 100,000-row shipment, exported by `importer ledger
+    --once` whose peak memory stays bounded (the receipt is read in 1 MiB
+    pieces and copied line by line)."""
+    db = make_database()
+    system = make_system(IMPORTER_DATABASE_URL=db, IMPORTER_ONE_STEP_MAX_BYTES="0")
+    system.start_worker()
+    system.start_http()
+    edge_batch = "9" + "a._-Z" * 12 + "zzz"
+    edge_sku = "Z" + "-._9" * 15 + "xyz"
+    assert len(edge_batch) == 64 and len(edge_sku) == 64
+    import_and_wait(system, edge_batch, shipment({edge_sku: 7, "0": 1}))
+    import_and_wait(system, "receipt-gone", shipment({"GONE-1": 2}))
+    large = ("sku,quantity\n" + "".join(f"LARGE-{i:07d},{i % 9 + 1}\n" for i in range(100_000))).encode()
+    status, _, body = system.request("POST", "/api/imports?batchId=large-100k", body=large, ctype="text/csv")
+    assert status == 202, body
+    assert system.wait_state(job_id_for("large-100k"), timeout=120)["state"] == "completed"
+    store = system.store()
+    store.client.delete(store.partition("main").receipt("receipt-gone"))  # an operator's hand
+
+    exporter = system.start_ledger(once=True)
+    peak_kib = 0
+    while exporter.popen.poll() is None:
+        try:
+            status_text = Path(f"/proc/{exporter.popen.pid}/status").read_text()
+            peak_kib = max(peak_kib, int(status_text.split("VmHWM:")[1].split()[0]))
+        except (OSError, IndexError):
+            pass
+        time.sleep(0.02)
+    assert exporter.popen.returncode == 0, exporter.log()
+    assert "ledger.receipt_missing" in exporter.log() and "receipt-gone" in exporter.log()
+    assert peak_kib < 200 * 1024, f"the exporter peaked at {peak_kib / 1024:.0f} MiB"
+
+    with psycopg.connect(db) as conn:
+        shipments = dict(conn.execute("SELECT batch_id, receipt FROM ledger_shipments").fetchall())
+        counts = dict(conn.execute("SELECT batch_id, count(*) FROM ledger_movements GROUP BY batch_id").fetchall())
+        edge = conn.execute("SELECT sku, quantity FROM ledger_movements WHERE batch_id = %s ORDER BY line", (edge_batch,)).fetchall()
+        large_sum = conn.execute("SELECT sum(quantity) FROM ledger_movements WHERE batch_id = 'large-100k'").fetchone()
+    assert shipments == {edge_batch: "whole", "receipt-gone": "missing", "large-100k": "whole"}
+    assert counts == {edge_batch: 2, "large-100k": 100_000}
+    assert edge == [(edge_sku, 7), ("0", 1)]
+    assert large_sum == (sum(i % 9 + 1 for i in range(100_000)),)
+    status, _, raw = system.request("GET", f"/api/stock-movements?sku={edge_sku}")
+    assert status == 200 and json.loads(raw)["items"][0]["batchId"] == edge_batch
