@@ -161,6 +161,56 @@ def one_round(n: int, ledger_on: bool, work: Path) -> dict[str, Any]:
 
 
 
+def http_round(ledger_on: bool, work: Path, seconds: int) -> dict[str, float] | None:
+    """wrk POSTing unique 3-row batches to `importer serve` (its defaults) with a worker
+    draining, the ledger's exporter running (on) or not: req/s and p99. None without wrk."""
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        return None
+    from bench.suite.common import free_port
+    from bench.suite.http_load import parse_wrk
+    from importer.handlers.auth import hash_key, new_key
+
+    work.mkdir(parents=True, exist_ok=True)
+    valkey = EmbeddedRedis(work / "valkey")
+    url = valkey.start()
+    pg = EmbeddedPostgres(work / "pg" / "data") if ledger_on else None
+    db = pg.start() if pg else None
+    key = new_key()
+    env = _env(url, db, "{benchhttp}:")
+    env.update(IMPORTER_API_KEYS=f"bench:{hash_key(key)}", IMPORTER_KEEP_COMPLETED_AGE="3600",
+               IMPORTER_KEEP_COMPLETED_COUNT="100", IMPORTER_LEDGER_HOT_WINDOW="3600",
+               IMPORTER_IDEMPOTENCY_HORIZON="604800")
+    port = free_port()
+    procs = [_spawn(["worker"], env, work / "worker.log"), _spawn(["serve", "--bind", f"127.0.0.1:{port}"], env, work / "http.log")]
+    if ledger_on:
+        procs.append(_spawn(["ledger"], env, work / "ledger.log"))
+    try:
+        import urllib.request
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.2)
+        run_env = dict(os.environ, BENCH_RUN_ID=uuid.uuid4().hex[:8], BENCH_API_KEY=key)
+        done = subprocess.run(
+            [wrk, "-t2", "-c32", f"-d{seconds}s", "--latency", "-s", str(ROOT / "bench" / "suite" / "wrk_post.lua"),
+             f"http://127.0.0.1:{port}/api/imports"], env=run_env, capture_output=True, text=True, timeout=seconds + 60,
+        )
+        return parse_wrk(done.stdout)
+    finally:
+        for proc in procs:
+            _stop(proc)
+        if pg:
+            pg.stop()
+        valkey.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def scenario_ledger(b: Bench) -> None:
     c = b.cfg
     res = b.results
@@ -170,6 +220,9 @@ def scenario_ledger(b: Bench) -> None:
     lag = res.row(sc, "export lag p99 during the drain", "s", target=at_most(1.0, "s"))
     grown = res.row(sc, "Redis used_memory growth after the drain, records removed", "MiB", base_label="ledger off")
     export = res.row(sc, "one 100,000-row shipment exported", "s", target=at_most(1.0, "s"))
+    http = res.row(sc, f"HTTP enqueue req/s (wrk -t2 -c32 {c.duration} s, importer serve)", "/s",
+                   base_label="ledger off", target=_base_at_least(0.9))
+    http_p99 = res.row(sc, "HTTP enqueue p99", "ms", base_label="ledger off")
     # Not under the bench's 0700 folder: as root the embedded PostgreSQL runs as 'nobody'.
     base = Path(tempfile.mkdtemp(prefix="importer-bench-ledger-"))
     base.chmod(0o755)
@@ -187,6 +240,12 @@ def scenario_ledger(b: Bench) -> None:
             else:
                 drain.base.append(out["imports_per_s"])
                 grown.base.append(per_import)
+            posted = http_round(on, base / f"{rep}-http-{'on' if on else 'off'}", c.duration)
+            if posted is None:
+                http.note = "skipped (wrk not found)"
+            else:
+                (http.imp if on else http.base).append(posted["rps"])
+                (http_p99.imp if on else http_p99.base).append(posted["p99_ms"])
     shutil.rmtree(base, ignore_errors=True)
 
 
