@@ -226,11 +226,19 @@ class PostgresExportClaim:
                     if chunks is None:
                         missing.append(entry.batch_id)
                         continue
+                    # COPY's text format, a few thousand lines per write: locations, batchIds,
+                    # SKUs and owners hold no tab, newline or backslash (their patterns), and
+                    # formatting the line here costs a fifth of write_row's per-value adaptation.
+                    head = f"{entry.location}\t{entry.batch_id}\t"
+                    tail = f"\t{entry.owner}\t{entry.applied_at_ms}\t{entry.stream_id[0]}\t{entry.stream_id[1]}\n"
+                    lines: list[str] = []
                     for m in movements(chunks):
-                        copy.write_row((
-                            entry.location, entry.batch_id, m.line, m.sku, m.before, m.quantity, m.after,
-                            entry.owner, entry.applied_at_ms, entry.stream_id[0], entry.stream_id[1],
-                        ))
+                        lines.append(f"{head}{m.line}\t{m.sku}\t{m.before}\t{m.quantity}\t{m.before + m.quantity}{tail}")
+                        if len(lines) == 4096:
+                            copy.write("".join(lines).encode())
+                            lines = []
+                    if lines:
+                        copy.write("".join(lines).encode())
             if missing:
                 cur.execute(
                     "UPDATE ledger_shipments SET receipt = 'missing' WHERE location = %s AND batch_id = ANY(%s)",
