@@ -49,6 +49,26 @@ def require_rabbitmq_server() -> tuple[str, str]:
     pytest.skip("rabbitmq-server is not installed (CI runs these tests; locally they are optional)")
 
 
+def port_below_ephemeral(low: int = 20000) -> int:
+    """A free port under the kernel's ephemeral range (net.ipv4.ip_local_port_range)."""
+    import random
+    import socket
+
+    try:
+        first = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        first = 32768
+    for _ in range(200):
+        port = random.randrange(low, max(low + 1, first))
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    return free_port()
+
+
 class RabbitNode:
     """One RabbitMQ node of ours on free ports (AMQP, distribution, epmd)."""
 
@@ -56,9 +76,10 @@ class RabbitNode:
         self.server, self.ctl_binary = require_rabbitmq_server()
         self.dir = workdir / "rabbitmq"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.dist_port = free_port()
-        self.epmd_port = free_port()
+        # Below the kernel's ephemeral range: a port from free_port() (inside it) can be
+        # taken as the local port of any outgoing connection while the node is dead
+        # between a kill and its restart (seen: "dist_port_already_used ... not_erlang").
+        self.port, self.dist_port, self.epmd_port = (port_below_ephemeral() for _ in range(3))
         self.node = f"importer-test-{os.getpid()}-{self.port}@localhost"
         self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
         self.proc: subprocess.Popen[bytes] | None = None
