@@ -107,6 +107,8 @@ class EmbeddedPostgres:
         self.port = port or _free_port()
         self._proc: subprocess.Popen[bytes] | None = None
         self._run_as: tuple[int, int] | None = None
+        #: Set when, as root, the data had to go elsewhere (start()): the folder asked for.
+        self.moved_from: Path | None = None
         if os.geteuid() == 0:
             user = pwd.getpwnam("nobody")
             self._run_as = (user.pw_uid, user.pw_gid)
@@ -121,15 +123,22 @@ class EmbeddedPostgres:
             os.setuid(self._run_as[0])
 
     def _check_traversable(self) -> None:
-        if self._run_as is None:
+        """As root, 'nobody' must enter every parent of the data folder. When it cannot (a
+        project in a 0700 folder), the data goes to a root-owned folder under the system's
+        temp folder named after the data folder's path (the same one on every start), and
+        start() says so; nothing's permissions are changed."""
+        if self._run_as is None or _reachable_by_others(self.data_dir):
             return
-        for parent in reversed(self.data_dir.parents):
-            mode = parent.stat().st_mode
-            if not mode & 0o001:
-                raise EmbeddedPostgresError(
-                    f"the embedded PostgreSQL runs as user 'nobody' (root may not run it), which cannot enter "
-                    f"{parent}; set IMPORTER_DATA_DIR to a folder under a traversable path, or set IMPORTER_DATABASE_URL"
-                )
+        import hashlib
+
+        key = hashlib.sha256(str(self.data_dir).encode()).hexdigest()[:12]
+        home = Path(tempfile.gettempdir()) / f"importer-postgres-data-{key}"
+        home.mkdir(mode=0o755, exist_ok=True)
+        info = home.stat()
+        if info.st_uid != 0 or info.st_mode & 0o022 or home.is_symlink():
+            raise EmbeddedPostgresError(f"{home} exists and is not a root-owned folder: remove it")
+        self.moved_from = self.data_dir
+        self.data_dir = home / "data"
 
     def _held_by_live_server(self) -> int | None:
         pid_file = self.data_dir / "postmaster.pid"

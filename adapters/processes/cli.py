@@ -137,8 +137,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"importer: {err}", file=sys.stderr)
         return 2
     except Exception as err:
+        from importer.adapters.postgres.embedded import EmbeddedPostgresError
         from importer.adapters.redis.guard import EvictionPolicyError
 
+        if isinstance(err, EmbeddedPostgresError):
+            print(f"importer: {err}", file=sys.stderr)
+            return 2
         if isinstance(err, EvictionPolicyError):
             print(f"importer: {err}", file=sys.stderr)
             return 3

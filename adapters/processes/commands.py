@@ -335,6 +335,9 @@ def cmd_dev(args: argparse.Namespace) -> int:
             if embedded_pg.pid is not None:
                 rearguard.tell(f"last {embedded_pg.pid} postgres")
             print(f"dev: embedded PostgreSQL (the ledger) at {embedded_pg.url}, data in {embedded_pg.data_dir}", flush=True)
+            if embedded_pg.moved_from is not None:
+                print(f"dev: (as root PostgreSQL runs as 'nobody', which cannot enter {embedded_pg.moved_from.parent}: "
+                      "its data is kept in the folder above instead)", flush=True)
         key = dev.api_key
         if not dev.api_keys_given:
             key = new_key()
