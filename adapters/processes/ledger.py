@@ -76,7 +76,7 @@ class Exporter:
         backoff = self.settings.ledger_interval_s
         while not stop.is_set():
             try:
-                exported = self.pass_once()
+                self.pass_once()
                 if self.failures:
                     _log("ledger.recovered", after_failures=self.failures)
                 self.failures = 0
@@ -86,9 +86,9 @@ class Exporter:
                 if self.failures == 1 or self.failures % 50 == 0:
                     _log("ledger.unavailable", logging.WARNING, detail=str(exc)[:300], failures=self.failures)
                 backoff = min(5.0, max(backoff * 2, 0.2))
-                exported = 0
-            if exported == 0:
-                stop.wait(backoff)
+            # A pass exports until caught up, then waits the interval: the entries that
+            # arrive meanwhile go in one transaction, not one pass each (that cost 3× the CPU).
+            stop.wait(backoff)
         return 0
 
 
