@@ -94,6 +94,23 @@ def test_shipments_movements_and_stock_from_the_ledger(history_system: tuple[Sys
     assert status == 200 and lines[0] == "location,batchId,line,sku,before,quantity,after,appliedAt,owner"
     assert [line.split(",")[1] for line in lines[1:]] == ["h-3", "h-2", "h-1"]
 
+    # with no SKU or batch (newest shipments first, then their lines), page after page
+    def every_page(path: str, key: str | None = None) -> list[tuple[str, int, str]]:
+        items, cursor = [], None
+        while True:
+            page = get(system, path + (f"&cursor={cursor}" if cursor else ""), key=key)[1]
+            items += [(m["batchId"], m["line"], m["sku"]) for m in page["items"]]
+            if not (cursor := page["nextCursor"]):
+                return items
+    assert every_page("/api/stock-movements?limit=1") == [
+        ("h-3", 1, "HIST-A"), ("h-2", 1, "HIST-A"), ("h-1", 2, "HIST-B"), ("h-1", 1, "HIST-A")]
+    assert every_page("/api/stock-movements?limit=2", key=reader) == [
+        ("h-b", 1, "HIST-A"), ("h-3", 1, "HIST-A"), ("h-2", 1, "HIST-A"), ("h-1", 2, "HIST-B"), ("h-1", 1, "HIST-A")]
+    assert [m["batchId"] for m in get(system, "/api/stock-movements?location=paris")[1]["items"]] == ["h-3"]
+    assert [m["batchId"] for m in get(system, f"/api/stock-movements?to={to}")[1]["items"]] == ["h-2", "h-1", "h-1"]
+    status, csv = get(system, "/api/stock-movements", key=reader, accept="text/csv")
+    assert [line.split(",")[1] for line in csv.splitlines()[1:]] == ["h-b", "h-3", "h-2", "h-1", "h-1"]
+
     # stock: only with stock:read; now from the store, as of a time from the ledger
     status, problem = get(system, "/api/stock")
     assert status == 403 and problem["code"] == "auth.scope_required"

@@ -425,3 +425,31 @@ def test_edge_ids_a_deleted_receipt_and_a_100000_row_shipment(make_system: Any, 
     assert large_sum == (sum(i % 9 + 1 for i in range(100_000)),)
     status, _, raw = system.request("GET", f"/api/stock-movements?sku={edge_sku}")
     assert status == 200 and json.loads(raw)["items"][0]["batchId"] == edge_batch
+
+
+def test_a_ledger_at_an_older_schema_version_is_migrated_in_place(make_database: Any) -> None:
+    """A database an earlier release migrated (0001 only, with a shipment in it) is
+    brought to the latest version at start-up: its rows stay, its lists still read."""
+    from importer.adapters.postgres.ledger import PostgresLedger
+    from importer.adapters.postgres.migrations import latest_version, migrations
+    from importer.domain.ledger import MovementFilter
+
+    db = make_database()
+    version, name, sql = migrations()[0]
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE ledger_schema_versions (version integer PRIMARY KEY, name text NOT NULL,"
+                     " applied_at timestamptz NOT NULL DEFAULT now())")
+        conn.execute(sql.encode())
+        conn.execute("INSERT INTO ledger_schema_versions (version, name) VALUES (%s, %s)", (version, name))
+        conn.execute("INSERT INTO ledger_shipments VALUES ('main', 'old-1', 'o', 'j', 'c', 1, '{}', 5, 5, 0, 'whole')")
+        conn.execute("INSERT INTO ledger_movements VALUES ('main', 'old-1', 1, 'OLD-A', 0, 3, 3, 'o', 5, 5, 0)")
+    ledger = PostgresLedger(db, max_size=1).open()
+    try:
+        assert ledger.schema_status() == (1, latest_version())
+        assert ledger.migrate() == [n for v, n, _ in migrations() if v > 1]
+        assert ledger.schema_status() == (latest_version(), latest_version())
+        assert ledger.migrate() == []  # once
+        moves = list(ledger.list_movements(MovementFilter(owner="o"), limit=10, after=None))
+        assert [(m.batch_id, m.sku, m.after) for m in moves] == [("old-1", "OLD-A", 3)]
+    finally:
+        ledger.close()
