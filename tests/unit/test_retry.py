@@ -5,6 +5,8 @@ by `importer retry --wait`'s view."""
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import replace
 from typing import Any
 
@@ -228,3 +230,10 @@ def test_the_observer_and_the_cli_view_show_the_retry_event() -> None:
     assert format_line({**event, "data": {}}) == "waiting shipment-b"
     view = {"state": "failed", "attempt": 3, "progress": {"phase": "validated", "rows": 3}}
     assert apply_event(view, event) == {"state": "waiting", "attempt": 0, "progress": None}
+
+
+def test_no_explanation_holds_a_placeholder() -> None:
+    """Shown as they are (job records, `importer status`, the console): a literal
+    '{jobId}' in a message told the reader nothing."""
+    for code, (title, text) in EXPLANATIONS.items():
+        assert not re.search(r"\{[A-Za-z]+\}", title + text), code
