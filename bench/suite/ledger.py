@@ -21,6 +21,8 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -64,101 +66,144 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def one_round(n: int, ledger_on: bool, work: Path) -> dict[str, Any]:
+@contextmanager
+def _servers(work: Path, ledger_on: bool, prefix: str) -> Iterator[tuple[str, str | None, dict[str, str], redis.Redis]]:
+    """A round's own valkey (append-only off: memory, not the disk, is measured) and,
+    ledger on, its own embedded PostgreSQL: (Redis URL, database URL, env, client)."""
     work.mkdir(parents=True, exist_ok=True)
     valkey = EmbeddedRedis(work / "valkey")
     url = valkey.start()
     pg = EmbeddedPostgres(work / "pg" / "data") if ledger_on else None
-    db = pg.start() if pg else None
-    prefix = "{bench}:"
-    env = _env(url, db, prefix)
-    client = redis.Redis.from_url(url)
-    procs: list[subprocess.Popen[bytes]] = []
-    out: dict[str, Any] = {"ledger": ledger_on}
     try:
-        client.config_set("appendonly", "no")  # memory, not the disk, is measured
-        out["memory_before"] = int(client.info("memory")["used_memory"])
-        preenqueue_importer(url, env, n, "drain", csv_3rows)
-        if ledger_on:
-            procs.append(_spawn(["ledger"], env, work / "ledger.log"))
-        lags: list[tuple[int, float]] = []
-        stop = threading.Event()
-        if ledger_on:
-            from importer.adapters.bootstrap import clock_ms, redis_client
-            from importer.adapters.postgres.ledger import PostgresLedger
-            from importer.adapters.processes.ledger import export_lags
-            from importer.adapters.redis.store import RedisStore
-            from importer.adapters.settings import Settings
-
-            settings = Settings.from_env(env)
-            store = RedisStore(redis_client(settings), settings, clock_ms=clock_ms)
-            ledger = PostgresLedger(db or "", max_size=1).open()
-
-            def sample() -> None:
-                while not stop.wait(0.1):
-                    try:
-                        lag = export_lags(store, ledger, ["main"])[0]
-                        lags.append((lag.entries, lag.seconds))
-                    except Exception:  # the schema not there yet at the very start
-                        pass
-
-            sampler = threading.Thread(target=sample, daemon=True)
-        completed_key = f"{prefix}stats"
-        started = time.monotonic()
-        procs.append(_spawn(["worker", "--processes", "1", "--threads", "2"], env, work / "worker.log"))
-        if ledger_on:
-            sampler.start()
-        while int(client.hget(completed_key, "completed") or 0) < n:
-            time.sleep(0.05)
-            if time.monotonic() - started > 900:
-                raise RuntimeError("drain did not finish in 900 s")
-        out["imports_per_s"] = n / (time.monotonic() - started)
-        if ledger_on:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and (not lags or lags[-1][0] > 0):
-                time.sleep(0.1)
-            stop.set()
-            sampler.join(5)
-            ages = sorted(s for _, s in lags)
-            out["lag_p99_s"] = ages[int(0.99 * (len(ages) - 1))] if ages else None
-            out["lag_max_entries"] = max((e for e, _ in lags), default=0)
-        # retention removes the records; with the ledger, the exporter trims and prunes
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and client.zcard(f"{prefix}jobs:completed") > 0:
-            time.sleep(0.2)
-        if ledger_on:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and client.zcard(f"{prefix}ledger:markers") > 0:
-                time.sleep(0.2)
-        time.sleep(1)
-        client.execute_command("MEMORY", "PURGE")
-        out["memory_after"] = int(client.info("memory")["used_memory"])
-        out["markers_left"] = sum(1 for _ in client.scan_iter(match=f"{prefix}done:*", count=1000))
-        if ledger_on:
-            # 3. one 100,000-row shipment, exported by one pass of an in-process exporter
-            from importer.adapters.processes.ledger import Exporter
-
-            for proc in procs:
-                if proc.args[-5:-4] == ["ledger"] or "ledger" in proc.args:
-                    _stop(proc)
-            preenqueue_importer(url, env, 1, "large", lambda i: csv_rows(100_000))
-            while int(client.hget(completed_key, "completed") or 0) < n + 1:
-                time.sleep(0.05)
-            exporter = Exporter(store, ledger, settings)
-            t0 = time.monotonic()
-            exporter.pass_once()
-            out["export_100k_s"] = time.monotonic() - t0
-            ledger.close()
-        return out
+        db = pg.start() if pg else None
+        client = redis.Redis.from_url(url)
+        client.config_set("appendonly", "no")
+        try:
+            yield url, db, _env(url, db, prefix), client
+        finally:
+            client.close()
     finally:
-        for proc in procs:
-            _stop(proc)
-        client.close()
         if pg:
             pg.stop()
         valkey.stop()
         shutil.rmtree(work, ignore_errors=True)
 
+
+def _wait_completed(client: redis.Redis, prefix: str, n: int, limit_s: float = 900) -> None:
+    started = time.monotonic()
+    while int(client.hget(f"{prefix}stats", "completed") or 0) < n:
+        time.sleep(0.05)
+        if time.monotonic() - started > limit_s:
+            raise RuntimeError(f"{n} imports did not complete in {limit_s:.0f} s")
+
+
+def _settled_memory(client: redis.Redis, prefix: str, ledger_on: bool) -> int:
+    """used_memory once retention removed the job records and, ledger on, the exporter
+    trimmed the journal and receipts and pruned the done markers; the stock hash is
+    left out (the stock levels grow with the distinct SKUs, not with the shipments)."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and client.zcard(f"{prefix}jobs:completed") > 0:
+        time.sleep(0.2)
+    if ledger_on:
+        while time.monotonic() < deadline and (client.zcard(f"{prefix}ledger:markers") > 0 or client.xlen(f"{prefix}journal") > 0):
+            time.sleep(0.2)
+    time.sleep(1)
+    client.execute_command("MEMORY", "PURGE")
+    return int(client.info("memory")["used_memory"]) - int(client.memory_usage(f"{prefix}stock") or 0)
+
+
+def one_round(n: int, ledger_on: bool, work: Path) -> dict[str, Any]:
+    prefix = "{bench}:"
+    procs: list[subprocess.Popen[bytes]] = []
+    out: dict[str, Any] = {"ledger": ledger_on}
+    with _servers(work, ledger_on, prefix) as (url, db, env, client):
+        try:
+            out["memory_before"] = int(client.info("memory")["used_memory"])
+            preenqueue_importer(url, env, n, "drain", csv_3rows)
+            if ledger_on:
+                procs.append(_spawn(["ledger"], env, work / "ledger.log"))
+            lags: list[tuple[int, float]] = []
+            stop = threading.Event()
+            if ledger_on:
+                from importer.adapters.bootstrap import clock_ms, redis_client
+                from importer.adapters.postgres.ledger import PostgresLedger
+                from importer.adapters.processes.ledger import export_lags
+                from importer.adapters.redis.store import RedisStore
+                from importer.adapters.settings import Settings
+
+                settings = Settings.from_env(env)
+                store = RedisStore(redis_client(settings), settings, clock_ms=clock_ms)
+                ledger = PostgresLedger(db or "", max_size=1).open()
+
+                def sample() -> None:
+                    while not stop.wait(0.1):
+                        try:
+                            lag = export_lags(store, ledger, ["main"])[0]
+                            lags.append((lag.entries, lag.seconds))
+                        except Exception:  # the schema not there yet at the very start
+                            pass
+
+                sampler = threading.Thread(target=sample, daemon=True)
+            started = time.monotonic()
+            procs.append(_spawn(["worker", "--processes", "1", "--threads", "2"], env, work / "worker.log"))
+            if ledger_on:
+                sampler.start()
+            _wait_completed(client, prefix, n)
+            out["imports_per_s"] = n / (time.monotonic() - started)
+            if ledger_on:
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline and (not lags or lags[-1][0] > 0):
+                    time.sleep(0.1)
+                stop.set()
+                sampler.join(5)
+                ages = sorted(s for _, s in lags)
+                out["lag_p99_s"] = ages[int(0.99 * (len(ages) - 1))] if ages else None
+                out["lag_max_entries"] = max((e for e, _ in lags), default=0)
+            out["memory_after"] = _settled_memory(client, prefix, ledger_on)
+            out["markers_left"] = sum(1 for _ in client.scan_iter(match=f"{prefix}done:*", count=1000))
+            if ledger_on:
+                # 3. one 100,000-row shipment, exported by one pass of an in-process exporter
+                from importer.adapters.processes.ledger import Exporter
+
+                for proc in procs:
+                    if "ledger" in proc.args:
+                        _stop(proc)
+                preenqueue_importer(url, env, 1, "large", lambda i: csv_rows(100_000))
+                _wait_completed(client, prefix, n + 1)
+                exporter = Exporter(store, ledger, settings)
+                t0 = time.monotonic()
+                exporter.pass_once()
+                out["export_100k_s"] = time.monotonic() - t0
+                ledger.close()
+            return out
+        finally:
+            for proc in procs:
+                _stop(proc)
+
+
+def memory_round(small: int, large: int, ledger_on: bool, work: Path) -> dict[str, int]:
+    """Redis used_memory growth (bytes) after ``small`` 3-row shipments, then after
+    ``large`` more of 100,000 rows, each drained by a worker with (on) the exporter
+    running, once retention and the exporter have had their way (hot window and
+    horizon 0): {"small": growth, "large": growth}."""
+    prefix = "{benchmem}:"
+    out: dict[str, int] = {}
+    with _servers(work, ledger_on, prefix) as (url, db, env, client):
+        before = int(client.info("memory")["used_memory"])
+        procs = [_spawn(["worker", "--processes", "1", "--threads", "2"], env, work / "worker.log")]
+        if ledger_on:
+            procs.append(_spawn(["ledger"], env, work / "ledger.log"))
+        try:
+            preenqueue_importer(url, env, small, "small", csv_3rows)
+            _wait_completed(client, prefix, small)
+            out["small"] = _settled_memory(client, prefix, ledger_on) - before
+            preenqueue_importer(url, env, large, "large", lambda i: csv_rows(100_000))
+            _wait_completed(client, prefix, small + large)
+            out["large"] = _settled_memory(client, prefix, ledger_on) - before
+        finally:
+            for proc in procs:
+                _stop(proc)
+    return out
 
 
 def http_round(ledger_on: bool, work: Path, seconds: int) -> dict[str, float] | None:
@@ -218,11 +263,16 @@ def scenario_ledger(b: Bench) -> None:
     sc = f"7. ledger (drain of {n:,}, ledger on ÷ off)"
     drain = res.row(sc, "drain imports/s", "/s", base_label="ledger off", target=_base_at_least(0.9))
     lag = res.row(sc, "export lag p99 during the drain", "s", target=at_most(1.0, "s"))
-    grown = res.row(sc, "Redis used_memory growth after the drain, records removed", "MiB", base_label="ledger off")
+    grown = res.row(sc, "Redis used_memory growth after the drain (records removed, stock hash excluded)", "MiB", base_label="ledger off")
     export = res.row(sc, "one 100,000-row shipment exported", "s", target=at_most(1.0, "s"))
     http = res.row(sc, f"HTTP enqueue req/s (wrk -t2 -c32 {c.duration} s, importer serve)", "/s",
                    base_label="ledger off", target=_base_at_least(0.9))
     http_p99 = res.row(sc, "HTTP enqueue p99", "ms", base_label="ledger off")
+    small, large = (20_000, 2) if c.quick else (200_000, 20)
+    flat = _at_most_times(grown, 1.1, f"the {n:,}-drain's growth")
+    mem_small = res.row(sc, f"Redis used_memory growth after {small:,} small shipments (the same)", "MiB",
+                        base_label="ledger off", target=flat)
+    mem_large = res.row(sc, f"... then after {large} more of 100,000 rows", "MiB", base_label="ledger off", target=flat)
     # Not under the bench's 0700 folder: as root the embedded PostgreSQL runs as 'nobody'.
     base = Path(tempfile.mkdtemp(prefix="importer-bench-ledger-"))
     base.chmod(0o755)
@@ -246,7 +296,24 @@ def scenario_ledger(b: Bench) -> None:
             else:
                 (http.imp if on else http.base).append(posted["rps"])
                 (http_p99.imp if on else http_p99.base).append(posted["p99_ms"])
+    for on in (False, True):  # once: memory after many shipments moves little between runs
+        log(f"ledger memory: {small:,} small then {large} of 100,000 rows, {'on' if on else 'off'}")
+        mem = memory_round(small, large, on, base / f"memory-{'on' if on else 'off'}")
+        (mem_small.imp if on else mem_small.base).append(mem["small"] / (1 << 20))
+        (mem_large.imp if on else mem_large.base).append(mem["large"] / (1 << 20))
     shutil.rmtree(base, ignore_errors=True)
+
+
+def _at_most_times(reference: Any, limit: float, what: str) -> Any:
+    """Ledger on: the growth stays within ``limit`` × ``reference``'s (it does not grow with the shipments)."""
+    from bench.suite.report import _verdict, median
+
+    def check(row: Any) -> tuple[str, str]:
+        if not row.imp or not reference.imp:
+            return f"≤ {limit:g}× {what}", "n/a"
+        rt = median(row.imp) / median(reference.imp)
+        return f"≤ {limit:g}× {what}", _verdict(rt <= limit, rt, limit)
+    return check
 
 
 def _base_at_least(limit: float) -> Any:
