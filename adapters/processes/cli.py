@@ -1,5 +1,5 @@
 """The ``importer`` command: its arguments and the dispatch to the three
-modules that run it (commands, operator, client)."""
+modules that run it (commands, dev, operator, client)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from importer.adapters.processes import client, commands, operator
+from importer.adapters.processes import client, commands, dev, operator
 from importer.adapters.processes.granian import DEFAULT_THREADS, default_workers
 from importer.adapters.settings import SettingsError
 
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("dev", help="embedded Redis + worker + HTTP on 127.0.0.1, until Ctrl-C")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--demo", action="store_true", help="import fixtures/shipment-a-2026.csv over HTTP, then stop")
-    p.set_defaults(func=commands.cmd_dev)
+    p.set_defaults(func=dev.cmd_dev)
 
     p = sub.add_parser("events", help="print every job event (progress, completed, failed...) from all workers")
     p.add_argument("--json", action="store_true", help="one JSON object per line")

@@ -52,7 +52,7 @@ def test_the_parser_leaves_environment_defaults_to_the_settings() -> None:
 
 
 def test_the_demo_csv_of_an_installed_package_is_the_fixture() -> None:
-    from importer.adapters.processes.commands import DEMO_CSV, DEMO_FIXTURE
+    from importer.adapters.processes.dev import DEMO_CSV, DEMO_FIXTURE
 
     assert DEMO_FIXTURE.read_bytes() == DEMO_CSV
 
@@ -97,7 +97,7 @@ def test_the_old_names_of_the_reconciler_settings_are_not_read() -> None:
 
 
 def test_importer_dev_waits_for_the_longest_shutdown_of_its_processes() -> None:
-    from importer.adapters.processes.commands import HTTP_GRACEFUL_TIMEOUT_S, STOP_MARGIN_S, _stop_timeout
+    from importer.adapters.processes.dev import HTTP_GRACEFUL_TIMEOUT_S, STOP_MARGIN_S, _stop_timeout
 
     assert _stop_timeout({}) == max(30.0, 2.0 + HTTP_GRACEFUL_TIMEOUT_S) + STOP_MARGIN_S
     assert _stop_timeout({"IMPORTER_WORKER_SHUTDOWN_TIMEOUT": "120"}) == 120 + STOP_MARGIN_S
