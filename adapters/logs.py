@@ -57,8 +57,9 @@ class TextFormatter(logging.Formatter):
 
     local time, level, the event (or, for a record without one, its message,
     after the logger's name when that is not Importer's), then the same fields
-    as the JSON line as key=value (requestId when known); a traceback follows
-    on its own lines."""
+    as the JSON line as key=value (requestId when known). An exception is one
+    field, exc="Type: message"; its traceback is in the JSON lines (``exc``,
+    IMPORTER_LOG_FORMAT=json) and, at debug level, on the lines that follow."""
 
     def format(self, record: logging.LogRecord) -> str:
         clock = time.strftime("%H:%M:%S", time.localtime(record.created))
@@ -79,10 +80,49 @@ class TextFormatter(logging.Formatter):
         request_id = request_id_var.get()
         if request_id is not None:
             fields.append(f"requestId={_text_value(request_id)}")
+        if record.exc_info and record.exc_info[1] is not None:
+            error = record.exc_info[1]
+            fields.append(f"exc={_text_value(f'{type(error).__name__}: {error}'[:300])}")
         line = " ".join(fields)
-        if record.exc_info:
+        if record.exc_info and logging.getLogger().isEnabledFor(logging.DEBUG):
             line += "\n" + self.formatException(record.exc_info)
         return line
+
+
+#: dramatiq's own lines about an import's failed attempt, which Importer's events
+#: say already, one line each (import.attempt_failed, import.failure_recorded):
+#: (logger, the start of its message). They are kept at debug level.
+_SAID_BY_IMPORTER = (
+    ("dramatiq.worker.WorkerThread", "Failed to process message"),
+    ("dramatiq.middleware.time_limit.TimeLimit", "Time limit exceeded"),
+    ("dramatiq.middleware.retries.Retries", "Retrying message"),
+)
+
+
+class _DramatiqRepeats(logging.Filter):
+    """Moves dramatiq's repeats of an import's failure (_SAID_BY_IMPORTER) to debug
+    level: with the worker at info, a failed attempt is one line, not four."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("dramatiq."):
+            return True
+        for name, start in _SAID_BY_IMPORTER:
+            if record.name == name and str(record.msg).startswith(start) and _about_an_import(record):
+                if not logging.getLogger().isEnabledFor(logging.DEBUG):
+                    return False
+                record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
+#: adapters/dramatiq/broker.py ACTOR_NAME (a unit test keeps them equal; logs import no dramatiq code).
+IMPORT_ACTOR = "import_shipment"
+
+
+def _about_an_import(record: logging.LogRecord) -> bool:
+    """The record names no message, or a message of the import actor."""
+    args = record.args if isinstance(record.args, tuple) else ()
+    actor = getattr(args[0], "actor_name", None) if args else None
+    return actor is None or actor == IMPORT_ACTOR
 
 
 def formatter_class(log_format: str | None = None) -> type[logging.Formatter]:
@@ -126,6 +166,7 @@ def configure_logging(level: str = "INFO", stream: TextIO | None = None, log_for
     (default: IMPORTER_LOG_FORMAT, else json)."""
     handler = LineHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(formatter_class(log_format)())
+    handler.addFilter(_DramatiqRepeats())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -391,3 +391,12 @@ def child_env(
         out.setdefault(name, value)
     out.update(overrides or {})
     return out
+
+
+def adopt_running_dev() -> dict[str, str]:
+    """[dev] Complete this process's environment with the URLs of the ``importer dev``
+    running with its data folder, where it names none (adapters/dev_state.py); returns it."""
+    from importer.adapters.dev_state import with_running_dev
+
+    os.environ.update(with_running_dev(os.environ))
+    return dict(os.environ)

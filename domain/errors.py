@@ -46,6 +46,7 @@ EXPLANATIONS: dict[str, tuple[str, str]] = {
     "request.rate_limited": ("Too many requests", "This producer sent too many imports in a short time. Wait for the number of seconds in Retry-After, then send again."),
     "request.method_not_allowed": ("Method not allowed", "See openapi.yaml for the methods of this path."),
     "auth.required": ("API key required", "Send 'Authorization: Bearer <key>' with a key issued for your producer."),
+    "auth.invalid": ("API key not recognised", "This server does not know the key sent: it is mistyped, revoked, or from another server. Send a key issued for your producer (`importer dev` prints its own, the same on every start with one data folder)."),
     "auth.scope_required": ("API key may not read stock", "Stock levels belong to the business, not to one producer: this route needs a key with the stock:read scope (importer keys create NAME --scopes stock:read). Your own movements: GET /api/stock-movements."),
     "ledger.unavailable": ("History unavailable", "The stock history (the ledger) cannot be read now: it is not reachable, or this deployment keeps none (IMPORTER_DATABASE_URL). Retry later; imports are not affected."),
     "job.not_found": ("No such import job", "The job record does not exist or was removed by retention some time after it finished. A missing record does not mean the batch was never applied: read the batch's durable history at /api/shipments/ followed by its batchId."),

@@ -321,7 +321,7 @@ ROUTE_SPECS: tuple[dict[str, Any], ...] = (
             _FROM, _TO, _LIMIT, _CURSOR,
         ],
         "responses": {"200": {"description": "One page.", "content": {"application/json": {"schema": "ShipmentList"}}}},
-    }, errors=("auth.required", "service.unavailable", "request.invalid", "ledger.unavailable"), error_notes=_NOTES),
+    }, errors=("auth.required", "auth.invalid", "service.unavailable", "request.invalid", "ledger.unavailable"), error_notes=_NOTES),
     dict(method="GET", template="/api/stock-movements", handler=list_movements, operation={
         "operationId": "listStockMovements",
         "summary": "Stock movements (one per line of an applied shipment), newest first",
@@ -341,7 +341,7 @@ ROUTE_SPECS: tuple[dict[str, Any], ...] = (
             "application/json": {"schema": "MovementList"},
             "text/csv": {"schema": {"type": "string"}},
         }}},
-    }, errors=("auth.required", "service.unavailable", "request.invalid", "ledger.unavailable"), error_notes=_NOTES),
+    }, errors=("auth.required", "auth.invalid", "service.unavailable", "request.invalid", "ledger.unavailable"), error_notes=_NOTES),
     dict(method="GET", template="/api/stock", handler=get_stock, operation={
         "operationId": "getStock",
         "summary": "A location's stock levels, now or as of a time (keys with stock:read)",
@@ -351,7 +351,7 @@ ROUTE_SPECS: tuple[dict[str, Any], ...] = (
         ),
         "parameters": [LOCATION_PARAMETER, _AS_OF, _LIMIT, _CURSOR],
         "responses": {"200": {"description": "One page.", "content": {"application/json": {"schema": "Stock"}}}},
-    }, errors=("auth.required", "service.unavailable", "request.invalid", "auth.scope_required", "location.not_found", "ledger.unavailable"),
+    }, errors=("auth.required", "auth.invalid", "service.unavailable", "request.invalid", "auth.scope_required", "location.not_found", "ledger.unavailable"),
         error_notes=_STOCK_NOTES),
     dict(method="GET", template="/api/stock/{sku}", handler=get_sku_stock, operation={
         "operationId": "getSkuStock",
@@ -361,6 +361,6 @@ ROUTE_SPECS: tuple[dict[str, Any], ...] = (
             LOCATION_PARAMETER, _AS_OF,
         ],
         "responses": {"200": {"description": "The units (0 for a SKU never received).", "content": {"application/json": {"schema": "SkuStock"}}}},
-    }, errors=("auth.required", "service.unavailable", "request.invalid", "auth.scope_required", "location.not_found", "ledger.unavailable"),
+    }, errors=("auth.required", "auth.invalid", "service.unavailable", "request.invalid", "auth.scope_required", "location.not_found", "ledger.unavailable"),
         error_notes=_STOCK_NOTES),
 )

@@ -20,6 +20,7 @@ HTTP_STATUS: dict[str, int] = {
     "request.bad_digest": 400,
     "request.digest_mismatch": 400,
     "auth.required": 401,
+    "auth.invalid": 401,
     "auth.scope_required": 403,
     "request.not_found": 404,
     "job.not_found": 404,
@@ -49,6 +50,7 @@ HTTP_STATUS: dict[str, int] = {
 #: Response headers that come with a code (documented in the OpenAPI document).
 HEADERS_OF: dict[str, dict[str, str]] = {
     "auth.required": {"WWW-Authenticate": "The authentication scheme (Bearer)."},
+    "auth.invalid": {"WWW-Authenticate": "The authentication scheme (Bearer)."},
     "request.method_not_allowed": {"Allow": "The methods of this path."},
     "request.rate_limited": {"Retry-After": "Seconds to wait."},
     "service.unavailable": {"Retry-After": "Seconds to wait."},

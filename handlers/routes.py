@@ -51,7 +51,7 @@ _JOB_NOT_FOUND = "No record (retention removes finished ones), another producer'
 _SHIPMENT_NOT_FOUND = "The batch was never applied, is another producer's, or is at a location the API key does not allow: one answer for all"
 
 #: Every authenticated route can answer these.
-_API_ERRORS = ("auth.required", "service.unavailable")
+_API_ERRORS = ("auth.required", "auth.invalid", "service.unavailable")
 
 ROUTES: tuple[Route, ...] = (
     Route("POST", "/api/imports", h.enqueue, {
@@ -400,7 +400,7 @@ def _route(keys: KeyRing, req: Request) -> tuple[Route, Request] | Response:
             token = bearer_token(req.headers.get("authorization"))
             principal = keys.principal_for(token) if token else None
             if principal is None:
-                raise ApiError("auth.required", (("WWW-Authenticate", 'Bearer realm="importer"'),))
+                raise ApiError("auth.invalid" if token else "auth.required", (("WWW-Authenticate", 'Bearer realm="importer"'),))
         params = match.groupdict()
         if not all(_is_text(value) for value in params.values()):
             raise ApiError("request.not_found")  # e.g. a lone surrogate from a hand-made Lambda event

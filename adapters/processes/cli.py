@@ -129,9 +129,31 @@ def _ledger(args: argparse.Namespace) -> int:
     return cmd_ledger_verify(args.location) if args.action == "verify" else cmd_ledger(args.once)
 
 
+#: Commands that read the store, or call the API, of the `importer dev` running with
+#: IMPORTER_DATA_DIR (./.importer-data by default) when no URL of their own is set.
+_STORE_BESIDE_DEV = {"events", "doctor", "inspect"}
+_API_BESIDE_DEV = {"submit", "status", "retry"}
+
+
+def _beside_dev(args: argparse.Namespace) -> None:
+    from importer.adapters.dev_state import data_folder
+    from importer.adapters.settings import adopt_running_dev
+
+    store = args.command in _STORE_BESIDE_DEV or (args.command == "ledger" and args.action == "verify")
+    if not store and args.command not in _API_BESIDE_DEV:
+        return
+    env = adopt_running_dev()
+    if store and not env.get("IMPORTER_REDIS_URL"):
+        raise SettingsError(
+            f"IMPORTER_REDIS_URL is not set, and no importer dev runs with the data folder {data_folder(env)} "
+            "(start `importer dev`, set IMPORTER_DATA_DIR to the folder of the one running, or set IMPORTER_REDIS_URL)"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        _beside_dev(args)
         return int(args.func(args) or 0)
     except SettingsError as err:
         print(f"importer: {err}", file=sys.stderr)

@@ -10,7 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from importer.adapters.settings import Settings, child_env
+from importer.adapters.settings import Settings, child_env, log_format
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,7 +97,8 @@ def cmd_events(args: argparse.Namespace) -> int:
     from importer.adapters.redis.keys import Keys
     from importer.adapters.processes.signals import StopOnce
 
-    configure_logging()
+    # Its own lines read like the events it prints: text, unless --json or IMPORTER_LOG_FORMAT.
+    configure_logging(log_format=log_format(default="json" if args.json else "text"))
     settings = Settings.from_env()
     stop = StopOnce(name="events").install()
     observer = EventsObserver(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import secrets
+import shlex
 import signal
 import subprocess
 import sys
@@ -15,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from importer.adapters.dev_state import LOCK_FILE, dev_key, remove_state, write_state
+from importer.adapters.exclusive import FolderHeld, FolderLock, address_in_use
 from importer.adapters.processes.client import http_json
 from importer.adapters.settings import DevSettings, Settings, child_env
 from importer.domain.jobs import FINISHED_STATES
@@ -198,11 +201,45 @@ class _Rearguard:
             self.proc.wait()
 
 
+def _try_file(folder: Path) -> Path:
+    """The shipment the printed curl sends, by absolute path (curl from another folder
+    sent an empty body): the fixture, or its bytes kept in the data folder when the
+    package was installed without fixtures/."""
+    if DEMO_FIXTURE.exists():
+        return DEMO_FIXTURE
+    copy = folder / DEMO_FIXTURE.name
+    if not copy.exists():
+        copy.write_bytes(DEMO_CSV)
+    return copy
+
+
+def _claim(folder: Path, port: int) -> FolderLock | None:
+    """The data folder and the port, for this dev alone; None (and one line said) when
+    another process holds either: nothing is started, nothing of theirs is touched."""
+    try:
+        lock = FolderLock(folder, LOCK_FILE).acquire()
+    except FolderHeld as held:
+        print(f"dev: another importer dev (pid {held.pid}) runs with the data folder {folder}; "
+              "stop it first, or give this one its own IMPORTER_DATA_DIR", file=sys.stderr, flush=True)
+        return None
+    if address_in_use("127.0.0.1", port):
+        lock.release()
+        print(f"dev: 127.0.0.1:{port} is already in use (another importer dev, or another server); "
+              "stop it, or choose another port with --port", file=sys.stderr, flush=True)
+        return None
+    return lock
+
+
 def cmd_dev(args: argparse.Namespace) -> int:
     from importer.adapters.processes.signals import signal_on_parent_death
     from importer.adapters.redis.embedded import EmbeddedRedis
     from importer.handlers.auth import hash_key, new_key
 
+    dev = DevSettings.from_env()
+    folder = Path(dev.data_dir).resolve()
+    lock = _claim(folder, args.port)
+    if lock is None:
+        return 2
     stopping = {"flag": False}
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -211,7 +248,6 @@ def cmd_dev(args: argparse.Namespace) -> int:
     # Before anything starts: a Ctrl-C at any point stops what was started.
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    dev = DevSettings.from_env()
     # Readable lines on a terminal, unless IMPORTER_LOG_FORMAT says otherwise.
     overrides: dict[str, str] = {"IMPORTER_LOG_FORMAT": dev.log_format}
     embedded = None
@@ -228,7 +264,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
         # (and, elsewhere, the children too).
         rearguard = _Rearguard()
         if not dev.redis_url:
-            embedded = EmbeddedRedis(Path(dev.data_dir).resolve())
+            embedded = EmbeddedRedis(folder)
             overrides["IMPORTER_REDIS_URL"] = _start_embedded(embedded)
             server_pid = _server_pid(embedded.url)
             if server_pid is not None:
@@ -237,7 +273,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
         if not dev.database_url:
             from importer.adapters.postgres.embedded import EmbeddedPostgres
 
-            embedded_pg = EmbeddedPostgres(Path(dev.data_dir).resolve() / "postgres")
+            embedded_pg = EmbeddedPostgres(folder / "postgres")
             overrides["IMPORTER_DATABASE_URL"] = embedded_pg.start()
             if embedded_pg.pid is not None:
                 rearguard.tell(f"last {embedded_pg.pid} postgres")
@@ -247,7 +283,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
                       "its data is kept in the folder above instead)", flush=True)
         key = dev.api_key
         if not dev.api_keys_given:
-            key = new_key()
+            key = dev_key(folder, new_key)  # the same on every start with this folder
             overrides["IMPORTER_API_KEYS"] = f"local:{hash_key(key)}"
         metrics_token = dev.metrics_token or secrets.token_urlsafe(16)
         overrides["IMPORTER_METRICS_TOKEN"] = metrics_token
@@ -284,10 +320,13 @@ def cmd_dev(args: argparse.Namespace) -> int:
                 print(f"dev: API key: {key}", flush=True)
                 print(
                     f"dev: try: curl -s -H 'Authorization: Bearer {key}' -H 'Content-Type: text/csv' "
-                    f"--data-binary @fixtures/shipment-a-2026.csv '{url}/api/imports?batchId=shipment-a-2026'",
+                    f"--data-binary @{shlex.quote(str(_try_file(folder)))} '{url}/api/imports?batchId={DEMO_FIXTURE.stem}'",
                     flush=True,
                 )
             print(f"dev: metrics: curl -s -H 'Authorization: Bearer {metrics_token}' {url}/metrics", flush=True)
+            write_state(folder, redisUrl=env["IMPORTER_REDIS_URL"], databaseUrl=env.get("IMPORTER_DATABASE_URL"),
+                        httpUrl=url, keyPrefix=env.get("IMPORTER_KEY_PREFIX"),
+                        apiKey=key if not dev.api_keys_given else None)
             if args.demo:
                 rc = run_demo(url, key)
                 if rc == 0:
@@ -302,6 +341,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
                         print(f"dev: {name} exited with {proc.returncode}", file=sys.stderr)
                         rc = 1
     finally:
+        remove_state(folder)
         if procs:
             print("dev: stopping (each process finishes what it is doing)", flush=True)
             if not _stop(procs, stop_timeout):
@@ -312,5 +352,6 @@ def cmd_dev(args: argparse.Namespace) -> int:
             embedded_pg.stop()
         if rearguard is not None:
             rearguard.close()
+        lock.release()
         print("dev: stopped", flush=True)
     return rc

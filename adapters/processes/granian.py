@@ -57,8 +57,9 @@ import threading
 import time
 from typing import Any
 
+from importer.adapters.exclusive import address_in_use
 from importer.adapters.logs import configure_logging, formatter_class, log_event
-from importer.adapters.settings import Settings
+from importer.adapters.settings import Settings, SettingsError
 from importer.adapters.processes.signals import StopOnce
 
 log = logging.getLogger("importer.http")
@@ -260,6 +261,10 @@ def serve_granian(
     from granian.server.mp import MPServer
 
     host, _, port = bind.rpartition(":")
+    # granian binds each worker's socket with SO_REUSEPORT: on a port already served
+    # it would bind too, and the kernel would split the connections between the two.
+    if address_in_use(host.strip("[]") or "127.0.0.1", int(port)):
+        raise SettingsError(f"{bind} is already in use (another server listens there); stop it, or --bind another address")
     settings = Settings.from_env()
     server = MPServer(
         "importer.adapters.processes.wsgi_app:wsgi_app",  # the same factory any WSGI server uses

@@ -60,7 +60,9 @@
     const code = body && body.code ? body.code : "";
     const wait = retryAfter(headers);
     switch (status) {
-      case 401: return "The API key was refused (auth.required). Check the key, or paste a new one with \"Forget the key\".";
+      case 401: return code === "auth.invalid"
+        ? "This server does not know this key (auth.invalid). Paste the key it gave you (importer dev prints it at start) with \"Forget the key\"."
+        : "The API key was refused (auth.required). Check the key, or paste a new one with \"Forget the key\".";
       case 404: return code === "rejections.not_found"
         ? "This import has no rejection report (rejections.not_found): only an import that failed CSV validation has one."
         : code === "location.not_found"

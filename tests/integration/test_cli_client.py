@@ -77,7 +77,7 @@ def test_submit_of_a_large_file_hears_an_early_refusal(make_system: object, serv
         env=wrong, cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 1, out.stdout + out.stderr
-    assert out.stderr.startswith("refused: 401 auth.required: "), out.stderr
+    assert out.stderr.startswith("refused: 401 auth.invalid: "), out.stderr
     # The owner's one POST of the window is used by a small file; the large one gets its 429.
     assert importer(s, "submit", str(FIXTURES / "shipment-a-2026.csv"), "--batch-id", "big-0").returncode == 0
     limited = importer(s, "submit", str(big), "--batch-id", "big-2")

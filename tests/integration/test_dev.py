@@ -142,17 +142,129 @@ def test_ctrl_c_stops_importer_dev_cleanly_with_readable_lines(tmp_path: Path) -
         assert [line for line in lines if f" {event}" in line], (event, shown)
 
 
-def _start_dev(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path, int]:
-    port = free_port()
+def _dev_env(data_dir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IMPORTER_")}
-    env.update(IMPORTER_DATA_DIR=str(dev_data_dir(tmp_path)), PYTHONUNBUFFERED="1")
-    out = tmp_path / "dev.log"
+    env.update(IMPORTER_DATA_DIR=str(data_dir), PYTHONUNBUFFERED="1")
+    return env
+
+
+def _start_dev(
+    tmp_path: Path, data_dir: Path | None = None, port: int | None = None, log: str = "dev.log",
+) -> tuple[subprocess.Popen[bytes], Path, int]:
+    port = port or free_port()
+    out = tmp_path / log
     with open(out, "wb") as handle:
         dev = subprocess.Popen(
             [sys.executable, "-m", "importer.adapters.processes.cli", "dev", "--port", str(port)],
-            stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True,
+            stdout=handle, stderr=subprocess.STDOUT, env=_dev_env(data_dir or dev_data_dir(tmp_path)), cwd=ROOT,
+            start_new_session=True,
         )
     return dev, out, port
+
+
+def _ready_key(out: Path) -> str:
+    wait_for(lambda: "dev: press Ctrl-C to stop" in out.read_text(), 90, 0.1, "importer dev to be ready")
+    key = re.search(r"^dev: API key: (\S+)$", out.read_text(), re.MULTILINE)
+    assert key is not None, out.read_text()
+    return key.group(1)
+
+
+def _ctrl_c(dev: subprocess.Popen[bytes]) -> int:
+    os.killpg(dev.pid, signal.SIGINT)
+    return dev.wait(timeout=120)
+
+
+def _kill(dev: subprocess.Popen[bytes]) -> None:
+    if dev.poll() is None:
+        os.killpg(dev.pid, signal.SIGKILL)
+        dev.wait()
+
+
+def test_a_second_dev_refuses_a_busy_port_and_a_held_data_folder_and_the_first_is_untouched(tmp_path: Path) -> None:
+    """Two `make run` in one clone used to share a port (the kernel split the
+    connections, half of each one's requests got 401) and one append-only file."""
+    folder = dev_data_dir(tmp_path)
+    first, out, port = _start_dev(tmp_path, folder)
+    try:
+        key = _ready_key(out)
+        # the same folder, as a second `make run` in the same clone
+        same_folder = subprocess.run(
+            [sys.executable, "-m", "importer.adapters.processes.cli", "dev", "--port", str(free_port())],
+            env=_dev_env(folder), cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )
+        said = same_folder.stdout + same_folder.stderr
+        assert same_folder.returncode == 2, said
+        assert f"another importer dev (pid {first.pid}) runs with the data folder {folder.resolve()}" in said, said
+        assert "embedded" not in said, said  # refused before starting anything
+        # another folder, the same port
+        same_port = subprocess.run(
+            [sys.executable, "-m", "importer.adapters.processes.cli", "dev", "--port", str(port)],
+            env=_dev_env(dev_data_dir(tmp_path)), cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )
+        said = same_port.stdout + same_port.stderr
+        assert same_port.returncode == 2, said
+        assert f"127.0.0.1:{port} is already in use" in said and "embedded" not in said, said
+        assert len(said.strip().splitlines()) == 1, said
+        # the first is untouched: every request reaches it, with its key
+        for _ in range(30):
+            status, body = http_json("GET", f"http://127.0.0.1:{port}/api/imports", key)
+            assert status == 200, body
+        assert first.poll() is None
+    finally:
+        _kill(first)
+
+
+def test_the_dev_key_survives_a_restart_and_the_cli_beside_it_finds_its_store(tmp_path: Path) -> None:
+    """The console tab of a restarted dev keeps working; `importer doctor`,
+    `submit` and `status` next to a running dev need nothing set; a key the
+    server does not know is told apart from no key at all."""
+    folder = dev_data_dir(tmp_path)
+    dev, out, port = _start_dev(tmp_path, folder)
+    try:
+        key = _ready_key(out)
+        url = f"http://127.0.0.1:{port}"
+        status, problem = http_json("GET", f"{url}/api/imports", "not-a-key-this-server-knows")
+        assert status == 401 and problem["code"] == "auth.invalid", problem
+        status, problem = http_json("GET", f"{url}/api/imports", None)
+        assert status == 401 and problem["code"] == "auth.required", problem
+
+        # the CLI beside it, with nothing set but the data folder (as `make run`'s own .importer-data)
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "importer.adapters.processes.cli", *args],
+                                  env=_dev_env(folder), cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        doctor = cli("doctor")
+        assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+        assert "IMPORTER_REDIS_URL is not set" not in doctor.stderr, doctor.stderr
+        submitted = cli("submit", str(FIXTURES / "shipment-a-2026.csv"), "--batch-id", "dev-cli-finds")
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        status_line = cli("status", "shipment-dev-cli-finds")
+        assert status_line.returncode == 0 and "shipment-dev-cli-finds" in status_line.stdout, status_line.stdout
+
+        assert _ctrl_c(dev) == 0, out.read_text()
+        dev, out, port = _start_dev(tmp_path, folder, log="dev-again.log")
+        assert _ready_key(out) == key
+        status, _ = http_json("GET", f"http://127.0.0.1:{port}/api/imports", key)
+        assert status == 200
+        assert _ctrl_c(dev) == 0, out.read_text()
+        # no dev running: the CLI says what to set, in one line
+        doctor = cli("doctor")
+        assert doctor.returncode == 2 and "no importer dev runs with the data folder" in doctor.stderr, doctor.stderr
+    finally:
+        _kill(dev)
+
+
+def test_the_printed_curl_works_from_any_folder(tmp_path: Path) -> None:
+    """`dev: try: curl ...` sent an empty body from anywhere but the repo root."""
+    dev, out, port = _start_dev(tmp_path)
+    try:
+        _ready_key(out)
+        line = next(line for line in out.read_text().splitlines() if line.startswith("dev: try: "))
+        done = subprocess.run(line.removeprefix("dev: try: "), shell=True, cwd=tmp_path, capture_output=True,
+                              text=True, timeout=30)
+        answer = json.loads(done.stdout)
+        assert answer["state"] in ("waiting", "active", "completed"), answer
+    finally:
+        _kill(dev)
 
 
 def _names(pids: list[int]) -> list[str]:
@@ -203,3 +315,46 @@ def test_sigkill_of_importer_dev_stops_every_process_it_started(tmp_path: Path) 
     for event in ("events.closed", "worker.redis_closed", "http.closed"):
         assert f" {event}" in shown, (event, shown)
     assert "killing" not in shown.lower() and "connection error" not in shown.lower(), shown
+
+
+def test_a_time_limit_failure_reads_as_one_line_per_attempt_and_a_retry_after_a_restart_completes(tmp_path: Path) -> None:
+    """The README's way to see a retryable failure: an import that outlives a time limit
+    set too short, then a retry once dev runs with its usual limits (the same key).
+    The terminal shows one line per failed attempt, no traceback (they were two per attempt)."""
+    folder = dev_data_dir(tmp_path)
+    big = tmp_path / "big.csv"
+    big.write_text("sku,quantity\n" + "".join(f"BULK-{i:06d},1\n" for i in range(100_000)))
+    port = free_port()
+    out = tmp_path / "dev-short.log"
+    env = {**_dev_env(folder), "IMPORTER_TIME_LIMIT": "0.1"}
+    with open(out, "wb") as handle:
+        dev = subprocess.Popen(
+            [sys.executable, "-m", "importer.adapters.processes.cli", "dev", "--port", str(port)],
+            stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True,
+        )
+    try:
+        key = _ready_key(out)
+        url = f"http://127.0.0.1:{port}/api/imports"
+        status, body = http_json("POST", f"{url}?batchId=dev-big-1", key, big.read_bytes(), "text/csv")
+        assert status == 202, body
+        failed = wait_for(lambda: (r := http_json("GET", f"{url}/shipment-dev-big-1", key)[1])["state"] == "failed" and r,
+                          60, 0.2, "the import to fail its time limit")
+        assert failed["error"]["code"] == "import.time_limit" and failed["attempt"] == 3, failed
+        wait_for(lambda: out.read_text().count("import.failure_recorded") >= 3, 10, 0.1, "the last attempt's line")
+        assert _ctrl_c(dev) == 0
+        shown = out.read_text()
+        assert "Traceback" not in shown and "Failed to process message" not in shown, shown
+        attempts = [line for line in shown.splitlines() if " import.attempt_failed " in line]
+        assert len(attempts) == 3 and all("code=import.time_limit" in line for line in attempts), shown
+        assert all('exc="TimeLimitExceeded' in line for line in attempts), attempts
+
+        dev, out, port = _start_dev(tmp_path, folder, log="dev-usual.log")
+        assert _ready_key(out) == key
+        url = f"http://127.0.0.1:{port}/api/imports"
+        status, body = http_json("POST", f"{url}/shipment-dev-big-1/retry", key)
+        assert status == 202, body
+        done = wait_for(lambda: (r := http_json("GET", f"{url}/shipment-dev-big-1", key)[1])["state"] == "completed" and r,
+                        60, 0.2, "the retried import to complete")
+        assert done["result"]["imported"] == 100_000 and done["retries"] == 1, done
+    finally:
+        _kill(dev)

@@ -305,3 +305,20 @@ def test_a_retry_after_a_killed_worker_reports_attempt_2(make_system: object) ->
         ("waiting", 0), ("active", 1), ("retrying", 1), ("active", 2), ("progress", 2), ("progress", 2), ("completed", 2),
     ]
     assert system.store().generation() == 1
+
+
+def test_the_readable_observer_writes_its_own_lines_as_text(make_system: object) -> None:
+    """`importer events` without --json mixed JSON log lines into its readable output."""
+    import re
+
+    system = make_system()  # type: ignore[operator]
+    env = {k: v for k, v in system.env.items() if k != "IMPORTER_LOG_FORMAT"}
+    done = subprocess.Popen(
+        [sys.executable, "-m", "importer.adapters.processes.cli", "events"],
+        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    time.sleep(2)
+    done.send_signal(signal.SIGTERM)
+    shown = done.communicate(timeout=20)[0].decode()
+    lines = shown.splitlines()
+    assert lines and all(re.match(r"^\d\d:\d\d:\d\d (info |warning) events\.", line) for line in lines), shown

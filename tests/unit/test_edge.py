@@ -186,15 +186,16 @@ def test_a_serverless_body_that_differs_from_its_content_length_is_refused() -> 
 # -- authenticate, then rate-limit, then read --------------------------------------------
 
 
-@pytest.mark.parametrize("authorization", [None, "Bearer imp_wrong", "Basic abc"])
-def test_a_wrong_key_reads_no_body(h: Harness, authorization: str | None) -> None:
+@pytest.mark.parametrize(("authorization", "code"), [
+    (None, "auth.required"), ("Bearer imp_wrong", "auth.invalid"), ("Basic abc", "auth.required")])
+def test_a_wrong_key_reads_no_body(h: Harness, authorization: str | None, code: str) -> None:
     headers = [("Authorization", authorization)] if authorization else []
     result = h.call(
         "POST", "/api/imports", key=None, headers=headers, query="batchId=b-1", stream=ExplodingStream(),
         content_length=str(body_limit(h.api)), content_type="text/csv",
     )
 
-    assert_problem(result, 401, "auth.required")
+    assert_problem(result, 401, code)
     assert h.store.rate_tokens == []  # refused before the rate limit too
 
 

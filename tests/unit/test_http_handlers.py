@@ -347,7 +347,7 @@ def test_missing_or_unknown_key_is_401(h: Harness, authorization: str | None, me
         method, path, key=None, headers=headers, body=body, content_type="application/json" if body else None
     )
 
-    assert_problem(result, 401, "auth.required")
+    assert_problem(result, 401, "auth.invalid" if authorization == "Bearer imp_not-a-configured-key" else "auth.required")
     assert result.header("WWW-Authenticate") == 'Bearer realm="importer"'
     assert h.store.calls == []
     assert h.sender.sent == []

@@ -115,9 +115,38 @@ def test_a_text_line_carries_the_request_id_and_the_traceback() -> None:
         text = formatter.format(record)
     finally:
         request_id_var.reset(token)
-    first, *rest = text.splitlines()
-    assert first.split(" ", 1)[1] == "error http.failed jobId=j-1 requestId=req-7"
-    assert rest[0] == "Traceback (most recent call last):" and rest[-1] == "ValueError: boom"
+    # one line at info: the exception as a field (the traceback is the JSON line's)
+    assert text.split(" ", 1)[1] == 'error http.failed jobId=j-1 requestId=req-7 exc="ValueError: boom"'
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.DEBUG)
+    try:
+        first, *rest = formatter.format(record).splitlines()
+    finally:
+        root.setLevel(level)
+    # at debug level, the traceback follows
+    assert first.endswith(" exc=\"ValueError: boom\"") and rest[0] == "Traceback (most recent call last):" and rest[-1] == "ValueError: boom"
+
+
+def test_dramatiqs_repeats_of_an_imports_failure_are_debug_lines(tmp_path: Path) -> None:
+    import io
+
+    import dramatiq
+
+    from importer.adapters.dramatiq.broker import ACTOR_NAME
+    from importer.adapters.logs import IMPORT_ACTOR, configure_logging
+
+    assert IMPORT_ACTOR == ACTOR_NAME
+    out = io.StringIO()
+    configure_logging(stream=out, log_format="text")
+    ours = dramatiq.Message(queue_name="q", actor_name=ACTOR_NAME, args=(), kwargs={}, options={})
+    other = dramatiq.Message(queue_name="q", actor_name="another_actor", args=(), kwargs={}, options={})
+    logging.getLogger("dramatiq.worker.WorkerThread").error("Failed to process message %s with unhandled exception.", ours)
+    logging.getLogger("dramatiq.middleware.time_limit.TimeLimit").warning("Time limit exceeded. Raising exception in worker thread %r.", 7)
+    logging.getLogger("dramatiq.middleware.retries.Retries").info("Retrying message %r in %d milliseconds.", "m", 10)
+    logging.getLogger("dramatiq.worker.WorkerThread").error("Failed to process message %s with unhandled exception.", other)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1 and "another_actor" in lines[0], lines  # another actor's failure is still said
 
 
 def test_a_text_line_of_another_library_names_its_logger_and_one_with_its_own_message_keeps_it() -> None:
