@@ -171,7 +171,9 @@ def test_memory_alarm_blocks_publishers_then_clears(make_redis: Any, make_faulty
         wait_until_blocked_or_clear(node, True)
         late = _during(system, seed=115)
         wait_for(lambda: 503 in late.statuses(), 30, 0.1, message="a POST refused by the blocked broker")
+        refused_at = len(health.seen)
         time.sleep(SOCKET_TIMEOUT * 2)
+        during = health.seen[refused_at:]  # every probe after a refused POST, the alarm still on
         node.clear_memory_alarm()
         wait_until_blocked_or_clear(node, False)
         fault_over = time.monotonic()
@@ -182,6 +184,7 @@ def test_memory_alarm_blocks_publishers_then_clears(make_redis: Any, make_faulty
     reasons = {r for s, r, _ in health.seen if s == 503}
     print(f"[faults] /health during the alarm: 503 {sorted(reasons)}, slowest {health.max_seconds():.2f}s")
     assert "broker_blocked" in reasons, f"/health while RabbitMQ blocked publishers: {sorted(set(health.seen))[:5]}"
+    assert len(during) >= 5 and {(s, r) for s, r, _ in during} == {(503, "broker_blocked")}, during
 
 
 def test_redis_sigstop_while_messages_travel_on_rabbitmq(make_redis: Any, make_faulty: Any, node: RabbitNode) -> None:
