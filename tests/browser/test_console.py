@@ -100,7 +100,8 @@ def test_a_completed_import_links_to_its_receipt_and_a_skus_movements(
     # the ledger has the shipment about a second after it completed: ask until it shows
     for _ in range(50):
         page.click("#receipt-table tbody tr:first-child button")
-        page.wait_for_function("!document.querySelector('#moves-table').hidden || !document.querySelector('#moves-empty').hidden")
+        # a locator, not wait_for_function: its polled string is an eval, which the console's CSP forbids
+        page.locator("#moves-table:not([hidden]), #moves-empty:not([hidden])").first.wait_for()
         if page.locator("#moves-table tbody tr", has_text=batch).count():
             break
         page.wait_for_timeout(200)
