@@ -105,6 +105,10 @@ class Settings:
     redis_cluster: bool = False
     #: The stock location of a request that names none (domain/locations.py).
     default_location: str = MAIN
+    #: IMPORTER_LOCATIONS: stock locations `importer serve` and `importer worker` declare at
+    #: start (comma-separated), besides main and the default location; operators add
+    #: more with `importer locations add`. An undeclared location is refused (404).
+    locations: tuple[str, ...] = ()
     queue_name: str = "imports"
     #: Seconds; dramatiq's TimeLimit for one attempt.
     time_limit_s: float = 60.0
@@ -232,6 +236,7 @@ class Settings:
             key_prefix=env.get("IMPORTER_KEY_PREFIX") or cls.key_prefix,
             redis_cluster=_flag(env, "IMPORTER_REDIS_CLUSTER"),
             default_location=env.get("IMPORTER_DEFAULT_LOCATION") or cls.default_location,
+            locations=tuple(n.strip() for n in env.get("IMPORTER_LOCATIONS", "").split(",") if n.strip()),
             queue_name=env.get("IMPORTER_QUEUE") or cls.queue_name,
             time_limit_s=_float(env, "IMPORTER_TIME_LIMIT", cls.time_limit_s),
             heartbeat_timeout_s=_float(env, "IMPORTER_HEARTBEAT_TIMEOUT", cls.heartbeat_timeout_s),
@@ -291,6 +296,9 @@ class Settings:
             )
         if not is_valid_location(self.default_location):
             raise SettingsError(f"IMPORTER_DEFAULT_LOCATION must match {LOCATION_PATTERN}, got {self.default_location!r}")
+        bad = [n for n in self.locations if not is_valid_location(n)]
+        if bad:
+            raise SettingsError(f"IMPORTER_LOCATIONS: each location must match {LOCATION_PATTERN}, got {bad[0]!r}")
         unknown = self.accepted_versions - KNOWN_VERSIONS
         if unknown or not self.accepted_versions:
             raise SettingsError(f"IMPORTER_ACCEPTED_VERSIONS must be a non-empty subset of {sorted(KNOWN_VERSIONS)}")

@@ -52,7 +52,7 @@ EXPLANATIONS: dict[str, tuple[str, str]] = {
     "job.not_found": ("No such import job", "The job record does not exist or was removed by retention some time after it finished. A missing record does not mean the batch was never applied: read the batch's durable history at /api/shipments/ followed by its batchId."),
     "job.not_retryable": ("Import cannot be retried", "Only a failed import whose failure a retry can change (its attempts ran out, its time limit, the store or a worker was lost, a message or contract version the workers did not take) can be retried. 'detail' says why this one cannot; a failed CSV validation, a conflict or an overflow needs a new file under a new batchId."),
     "rejections.not_found": ("No rejection report for this import", "Only an import that failed CSV validation has a rejection report. Read the import itself (the same path without /rejections.csv): its state and error say what happened."),
-    "location.not_found": ("No such stock location for this API key", "This key cannot send shipments to the location the request names (?location=, the body's location, or the server's default location when it names none). Check the location, or ask for a key that names it."),
+    "location.not_found": ("No such stock location for this API key", "The location the request names (?location=, the body's location, or the server's default location when it names none) is not one this server's operators declared, or this key cannot send shipments there. Check the location, or ask for a key that names it."),
     "shipment.not_found": ("No applied shipment with this batchId", "This batch has not been applied (yet). If you sent it, its import says where it stands: its jobId is 'shipment-' followed by the batchId (and '@' and the location, away from main)."),
     "receipt.not_recorded": ("No receipt for this shipment", "This batch was applied before this service recorded receipts, so what it changed per SKU was not kept. The shipment itself (the same path without /receipt) says when it was applied."),
     "request.not_acceptable": ("Media type not available", "Send 'Accept: application/json' (the default) or 'Accept: text/csv'."),
@@ -147,7 +147,8 @@ class NotRetryable(DomainError):
 
 
 class LocationNotAllowed(DomainError):
-    """An upload to a stock location the producer's API key does not allow (domain/access.py)."""
+    """An upload to a stock location the producer's API key does not allow (domain/access.py),
+    or that no operator declared (importer locations add)."""
 
     code = "location.not_found"
 

@@ -30,7 +30,9 @@ class EnqueueOutcome:
     #: key (and, with ``stored_upload_id``, the stored upload's).
     #: 'ask_ledger' [ledger]: no job and no done marker, and the batch's marker may have
     #: been pruned: ask the ledger, then enqueue again with ``ledger_asked``.
-    kind: Literal["created", "exists", "conflict", "no_worker", "rate_limited", "content_needed", "ask_ledger"]
+    #: 'undeclared': the location is not one an operator declared; nothing was written.
+    kind: Literal["created", "exists", "conflict", "no_worker", "rate_limited", "content_needed", "ask_ledger",
+                  "undeclared"]
     #: The job's state when it exists ('waiting' for a new one).
     state: str = ""
     #: A new job's message was written in the same atomic step as its record

@@ -93,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", help="check Redis settings and the queue, as a readable checklist")
     p.set_defaults(func=operator.cmd_doctor)
 
+    p = sub.add_parser("locations", help="the declared stock locations: list them, or add some")
+    p.add_argument("action", nargs="?", choices=("list", "add"), default="list")
+    p.add_argument("names", nargs="*", metavar="NAME", help="add: the locations to declare")
+    p.set_defaults(func=operator.cmd_locations)
+
     p = sub.add_parser("inspect", help="operator view of a job record, with its diagnostic")
     p.add_argument("job_id")
     p.set_defaults(func=operator.cmd_inspect)
@@ -131,7 +136,7 @@ def _ledger(args: argparse.Namespace) -> int:
 
 #: Commands that read the store, or call the API, of the `importer dev` running with
 #: IMPORTER_DATA_DIR (./.importer-data by default) when no URL of their own is set.
-_STORE_BESIDE_DEV = {"events", "doctor", "inspect"}
+_STORE_BESIDE_DEV = {"events", "doctor", "inspect", "locations"}
 _API_BESIDE_DEV = {"submit", "status", "retry"}
 
 

@@ -9,6 +9,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from importer.adapters.settings import Settings, child_env, log_format
 
@@ -28,9 +29,18 @@ def _check_redis(args: argparse.Namespace, process: str) -> Settings:
     client = redis_client(settings)
     try:
         guard(client, allow_eviction=settings.allow_eviction, process=process)
+        declare_configured_locations(settings, client)
     finally:
         client.close()
     return settings
+
+
+def declare_configured_locations(settings: Settings, client: Any) -> None:
+    """IMPORTER_LOCATIONS and the default location, declared (admit.lua refuses any other)."""
+    from importer.adapters.bootstrap import clock_ms
+    from importer.adapters.redis.store import RedisStore
+
+    RedisStore(client, settings, clock_ms=clock_ms).declare_locations([*settings.locations, settings.default_location])
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -155,3 +155,26 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     out["diagnostic"] = store.get_diagnostic(args.job_id)
     print(json.dumps(out, indent=2, default=str))
     return 0
+
+
+def cmd_locations(args: argparse.Namespace) -> int:
+    """`importer locations [list]`, `importer locations add NAME...`: the declared stock locations."""
+    from importer.adapters.bootstrap import clock_ms, redis_client
+    from importer.adapters.redis.store import RedisStore
+    from importer.domain.locations import LOCATION_PATTERN, is_valid_location
+
+    settings = Settings.from_env()
+    store = RedisStore(redis_client(settings), settings, clock_ms=clock_ms)
+    if args.action == "add":
+        bad = [name for name in args.names if not is_valid_location(name)]
+        if bad or not args.names:
+            print(f"importer: a location name must match {LOCATION_PATTERN}" + (f", got {bad[0]!r}" if bad else ""),
+                  file=sys.stderr)
+            return 2
+        added = set(store.declare_locations(args.names))
+        for name in args.names:
+            print(f"{name}: {'declared' if name in added else 'already declared'}")
+        return 0
+    for name in store.locations():
+        print(name)
+    return 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import redis
@@ -55,8 +55,21 @@ class RedisStoreBase:
         """The keys of the partition that holds this job (its id names the location)."""
         return self.partition(location_of_job(job_id))
 
+    def declare_locations(self, names: Iterable[str]) -> list[str]:
+        """Declare stock locations (the control partition's registry, which admit.lua
+        checks); returns those that were not declared yet."""
+        new = sorted({n for n in names if n != MAIN})
+        if not new:
+            return []
+        with store_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for name in new:
+                pipe.sadd(self.keys.locations, name)
+            added = pipe.execute()
+        return [name for name, was_added in zip(new, added) if int(was_added)]
+
     def locations(self) -> list[str]:
-        """main and every location that ever had a job (the control partition's registry), sorted."""
+        """main and every declared location (the control partition's registry), sorted."""
         with store_errors():
             others = self.client.smembers(self.keys.locations)
         return [MAIN, *sorted(text_of(v) for v in others if text_of(v) != MAIN)]

@@ -82,8 +82,8 @@ class JobRecorder(RedisStoreBase):
                 self.client.wait_replicated(k.replicated, s.redis_wait_replicas, s.redis_wait_replicas_ms)
 
     def _admit(self, owner: str, location: str, rate_limit: int, window_ms: int, now: int) -> EnqueueOutcome | None:
-        """admit.lua in the control partition: the owner's rate token, the door
-        check and the locations registries; None when the POST may go on."""
+        """admit.lua in the control partition: the location declared, the owner's rate
+        token, the door check and the owner's registry; None when the POST may go on."""
         k, s = self.keys, self.settings
         with store_errors():
             reply = self._script_shared("admit",
@@ -94,6 +94,8 @@ class JobRecorder(RedisStoreBase):
                 args=[rate_limit, window_ms * 2, s.producer_version, location],
             )
         kind = text_of(reply[0])
+        if kind == "undeclared":
+            return EnqueueOutcome("undeclared")
         if kind == "rate_limited":
             return EnqueueOutcome("rate_limited", retry_after_ms=window_ms - now % window_ms)
         if kind == "no_worker":
@@ -115,6 +117,8 @@ class JobRecorder(RedisStoreBase):
         k, s = self.partition_of(job_id), self.settings
         if k.location != MAIN:
             refused = self._admit(owner, k.location, 0, 1, self._now())
+            if refused is not None and refused.kind == "undeclared":
+                return RetryOutcome("missing")  # no job can be at a location nobody declared
             if refused is not None:
                 return RetryOutcome(
                     "no_worker", producer_version=refused.producer_version, workers_accept=refused.workers_accept,

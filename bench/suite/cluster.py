@@ -81,10 +81,12 @@ class Target:
     cluster: bool
     nodes: list[Node]
     home: dict[str, int] = field(default_factory=dict)  # key -> index of the node serving it
+    locations: list[str] = field(default_factory=list)  # declared by the processes (IMPORTER_LOCATIONS)
 
     def env(self, b: Bench, prefix: str) -> dict[str, str]:
         env = b.importer_env(prefix)
         env["IMPORTER_REDIS_URL"] = self.url
+        env["IMPORTER_LOCATIONS"] = ",".join(self.locations)
         if self.cluster:
             env["IMPORTER_REDIS_CLUSTER"] = "1"
         return env
@@ -198,6 +200,7 @@ class LocationProducer(ImporterProducer):
 
 def preenqueue(url: str, env: dict[str, str], n: int, tag: str, locations: list[str]) -> None:
     producer = LocationProducer(url, env)
+    producer.side.api.store.declare_locations(locations)  # as an operator does before the first shipment
 
     def work(indices: range) -> None:
         for i in indices:
@@ -419,6 +422,7 @@ def _run(b: Bench, cluster: LocalCluster, n: int) -> None:
     prefix = new_prefix("cluster")
     locations, port_of = spread_locations(cluster, prefix)
     one, clu = make_targets(b, cluster, prefix, locations)
+    one.locations = clu.locations = list(locations)
     names = master_names(clu, prefix, locations)
     log(f"cluster: {cluster.version.split(' sha=')[0]}, {MASTERS} masters {', '.join(x.label for x in clu.nodes)}; "
         f"prefix {prefix}; locations {', '.join(f'{loc}→:{port_of[loc]}' for loc in locations)}")

@@ -52,6 +52,12 @@ def spread_locations(cluster: LocalCluster, prefix: str, per_master: int = 2) ->
     raise AssertionError(f"could not spread locations over the masters: {by_master}")
 
 
+def declared(system: System, by_master: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The spread locations, declared as an operator would (importer locations add)."""
+    system.store().declare_locations([loc for locs in by_master.values() for loc in locs])
+    return by_master
+
+
 def cluster_system(cluster: LocalCluster, tmp_path: Path, transport: str = "redis", **env: str) -> System:
     require_transport(transport)
     # Every node named: a process (re)started while one is down still finds the cluster.
@@ -81,7 +87,7 @@ def test_six_locations_on_three_masters_end_to_end(
 
 
 def _end_to_end(cluster: LocalCluster, system: System) -> None:
-    by_master = spread_locations(cluster, system.prefix)
+    by_master = declared(system, spread_locations(cluster, system.prefix))
     locations = [loc for locs in by_master.values() for loc in locs]
     assert len(locations) == 6 and MAIN in locations and len(by_master) == 3
     system.start_worker()
@@ -265,7 +271,7 @@ def test_a_master_sigkilled_mid_drain_fails_over_and_every_import_ends_once(
     system = cluster_system(cluster, tmp_path, **FAULT_ENV, IMPORTER_DATABASE_URL=make_database(),
                             IMPORTER_LEDGER_INTERVAL="0.05")
     try:
-        by_master = spread_locations(cluster, system.prefix)
+        by_master = declared(system, spread_locations(cluster, system.prefix))
         locations = tuple(loc for locs in by_master.values() for loc in locs)
         system.start_worker(threads=4)
         system.start_http(workers=2)
@@ -326,7 +332,7 @@ def test_an_import_is_accepted_only_once_a_replica_has_it(fresh_cluster: Any, tm
     cluster = fresh_cluster(masters=3, replicas_per_master=1)
     system = cluster_system(cluster, tmp_path, IMPORTER_REDIS_WAIT_REPLICAS_MS="500")
     try:
-        by_master = spread_locations(cluster, system.prefix, per_master=1)
+        by_master = declared(system, spread_locations(cluster, system.prefix, per_master=1))
         port, (location,) = next((p, locs) for p, locs in by_master.items() if locs != [MAIN])
         master = cluster.node_by_port(int(port))
         assert master is not None
@@ -401,7 +407,7 @@ def test_a_busy_locations_slot_migrates_under_load(redis_cluster: LocalCluster, 
     and door check there) and main's queue."""
     system = cluster_system(redis_cluster, tmp_path, **FAULT_ENV)
     try:
-        by_master = spread_locations(redis_cluster, system.prefix)
+        by_master = declared(system, spread_locations(redis_cluster, system.prefix))
         locations = tuple(loc for locs in by_master.values() for loc in locs)
         moving = MAIN if which == "main" else next(loc for loc in locations if loc != MAIN)
         others = tuple(loc for loc in locations if loc != moving)

@@ -186,6 +186,10 @@ class Headers(dict[str, str]):
         return super().get(key.lower(), default)
 
 
+#: The stock locations every test system declares (IMPORTER_LOCATIONS); any other is refused.
+TEST_LOCATIONS = "paris,lyon,berlin,berlin-2,rome,oslo"
+
+
 @dataclass
 class System:
     """One isolated Importer installation (own key prefix) on the shared Redis."""
@@ -214,6 +218,8 @@ class System:
             IMPORTER_ATTEMPT_LEASE="3",
             IMPORTER_BROKER_MAINTENANCE_CHANCE="1000000",
             IMPORTER_RECONCILE_INTERVAL="0.5",
+            # The locations the tests use, declared by `importer serve` and `worker` at start.
+            IMPORTER_LOCATIONS=TEST_LOCATIONS,
             PYTHONUNBUFFERED="1",
         )
         env["IMPORTER_QUEUE"] = self.queue_name

@@ -122,7 +122,9 @@ def store(redis_url: str) -> Iterator[ProbeStore]:
         key_prefix=prefix, waiting_grace_s=0.2, attempt_lease_s=0.2, stall_margin_s=0.2, time_limit_s=1,
         max_stalls=1, keep_completed_count=1, keep_failed_count=1, keep_completed_age_s=3600, keep_failed_age_s=1,
     )
-    yield ProbeStore(client, settings, clock_ms=lambda: int(time.time() * 1000))
+    probe = ProbeStore(client, settings, clock_ms=lambda: int(time.time() * 1000))
+    probe.declare_locations(["paris"])  # as an operator does before the first shipment there
+    yield probe
     keys = [key for pattern in (prefix, prefix.replace("}", "@paris}"))
             for key in client.scan_iter(match=pattern.replace("{", "\\{").replace("}", "\\}") + "*", count=1000)]
     if keys:

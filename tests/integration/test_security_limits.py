@@ -276,3 +276,46 @@ def test_doctor_prints_a_checklist(system: System) -> None:
         [sys.executable, "-m", "importer.adapters.processes.cli", "doctor"], env=system.env, cwd=ROOT,
         capture_output=True, text=True, timeout=30,
     ).stdout, 10, 0.5, message="doctor sees the worker")
+
+
+def test_a_flood_at_undeclared_locations_answers_404_and_writes_nothing(make_system: object) -> None:
+    """Retries and POSTs at random undeclared locations used to register each one (2,000
+    retries left 2,008 locations, and the idle server ran 40x the commands): now every
+    one answers as a missing one, and Redis's keys and its idle command rate stay as they were."""
+    import random
+    import time
+
+    system = make_system(IMPORTER_RATE_LIMIT="0")  # type: ignore[operator]
+    system.start_worker()
+    system.start_http()
+    status, _, body = system.request("POST", "/api/imports?batchId=declared-1&location=paris", body=SEED, ctype="text/csv")
+    assert status == 202, body  # a declared location works
+    system.wait_state("shipment-declared-1@paris")
+    client = system.store().client
+
+    def keys() -> set[bytes]:
+        return set(client.scan_iter(match=f"{system.prefix}*", count=1000))
+
+    def idle_commands_per_s(seconds: float = 3.0) -> float:
+        before = int(client.info("stats")["total_commands_processed"])
+        time.sleep(seconds)
+        return (int(client.info("stats")["total_commands_processed"]) - before - 1) / seconds
+
+    time.sleep(2)  # the first reconciler and upkeep passes are behind us
+    keys_before, rate_before = keys(), idle_commands_per_s()
+    registry_before = client.smembers(f"{system.prefix}locations")
+    rng = random.Random(37)
+    for n in range(150):
+        location = f"x{rng.getrandbits(40):x}"
+        status, _, body = system.request("POST", f"/api/imports/shipment-b{n}@{location}/retry")
+        assert status == 404 and json.loads(body)["code"] == "job.not_found", body
+        status, _, body = system.request("POST", f"/api/imports?batchId=b{n}&location={location}", body=SEED, ctype="text/csv")
+        assert status == 404 and json.loads(body)["code"] == "location.not_found", body
+        status, _, body = system.request("GET", f"/api/imports?location={location}")
+        assert status == 200 and json.loads(body)["items"] == [], body
+    assert client.smembers(f"{system.prefix}locations") == registry_before
+    grown = {k for k in keys() - keys_before if b":rate:" not in k}  # none: the rate limit is off
+    assert not grown, sorted(grown)[:10]
+    rate_after = idle_commands_per_s()
+    assert rate_after <= rate_before * 1.5 + 5, (rate_before, rate_after)
+    print(f"[security] 450 requests at 150 undeclared locations: no key, idle commands {rate_before:.0f}/s -> {rate_after:.0f}/s")

@@ -7,17 +7,20 @@
 --
 -- KEYS[1] P:rate:<owner>:<window>   [rate] the owner's fixed-window counter (all locations)
 -- KEYS[2] P:workers  KEYS[3] P:workers:accepts  KEYS[4] P:workers:v<ARGV[3]>   [door]
--- KEYS[5] P:locations   KEYS[6] P:locations:owner:<owner>   [locations] the registries
+-- KEYS[5] P:locations   KEYS[6] P:locations:owner:<owner>   [locations] the declared locations, the owner's
 -- ARGV[1] the rate limit to take a token of here, 0 = not here   ARGV[2] the counter's expiry ms
 -- ARGV[3] the contract version of the message this producer sends   ARGV[4] the location
 --
--- Returns {'ok'} | {'rate_limited'} | {'no_worker', '1,3'}
---   As in enqueue.lua: the token first (a replay counts too), then the door.
+-- Returns {'ok'} | {'undeclared'} | {'rate_limited'} | {'no_worker', '1,3'}
+--   A location no operator declared (`importer locations add`, IMPORTER_LOCATIONS)
+--   is refused first, with nothing written: no token, no registry entry, so
+--   that nobody can grow the per-location costs (reconciler, observer, metrics).
+--   Then, as in enqueue.lua: the token (a replay counts too), then the door.
 --   Unlike a POST to main, a replay of a known job is also refused by a closed
---   door: this step cannot see the job. The location is registered before the
---   job is recorded, so the reconciler and the owner's list never miss one
---   (a registered location without jobs costs a read per pass, nothing else).
+--   door: this step cannot see the job. The owner's registry gets the location
+--   before the job is recorded, so the owner's list never misses one.
 
+if redis.call('SISMEMBER', KEYS[5], ARGV[4]) == 0 then return {'undeclared'} end
 local rate_limit = tonumber(ARGV[1])
 if rate_limit > 0 then
   local used = redis.call('INCR', KEYS[1])
@@ -26,6 +29,5 @@ if rate_limit > 0 then
 end
 local refused = no_worker_accepts(KEYS[2], KEYS[3], KEYS[4], ARGV[3])
 if refused then return {'no_worker', refused} end
-redis.call('SADD', KEYS[5], ARGV[4])
 redis.call('SADD', KEYS[6], ARGV[4])
 return {'ok'}
