@@ -42,6 +42,13 @@ class QueueCollector(Collector):
             value=stats.oldest_waiting_age_s,
         )
         yield GaugeMetricFamily("importer_jobs_active", "Jobs in an attempt right now.", value=stats.active)
+        try:
+            alive = len(self.store.live_workers())
+        except StoreUnavailable:
+            self.on_error()
+            alive = 0
+        yield GaugeMetricFamily("importer_workers_alive", "Live workers, as the door check sees them (heartbeat not expired).",
+                                value=alive)
         c = stats.counters
         yield CounterMetricFamily("importer_jobs_completed", "Jobs completed (replays included).", value=c.get("completed", 0))
         failed = CounterMetricFamily("importer_jobs_failed", "Jobs failed, by stable error code.", labels=["code"])
