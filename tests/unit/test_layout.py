@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,10 @@ def test_dramatiqs_private_api_is_used_in_one_module_only() -> None:
 def test_no_module_is_a_god_module(path: Path) -> None:
     lines = len(path.read_text().splitlines())
     assert lines <= 420, f"{path.relative_to(ROOT)} has {lines} lines: cut it along what it does"
+
+
+def test_every_setting_is_on_the_settings_page() -> None:
+    """docs/settings.md is the reference: each IMPORTER_ variable the settings read is there."""
+    read = set(re.findall(r"\"(IMPORTER_[A-Z_]+)\"", (ROOT / "adapters" / "settings.py").read_text()))
+    page = (ROOT / "docs" / "settings.md").read_text()
+    assert read and not {name for name in read if f"`{name}`" not in page}, sorted(n for n in read if f"`{n}`" not in page)
