@@ -55,7 +55,8 @@ integration: $(STAMP)
 #   make faults FAULTS="tests/faults --ignore=tests/faults/test_faults_rabbitmq.py"
 #   make faults FAULTS=tests/faults/test_faults_rabbitmq.py
 # Every run's [faults] lines are kept in .faults-soak.log (summed by bench/faults_summary.py).
-FAULTS ?= tests/faults
+# The default adds the cluster's master failover under a drain with the ledger exporting.
+FAULTS ?= tests/faults tests/cluster/test_importer_on_cluster.py::test_a_master_sigkilled_mid_drain_fails_over_and_every_import_ends_once
 faults: $(STAMP)
 	@end=$$(( $$(date +%s) + $${FAULTS_MINUTES:-30} * 60 )); n=0; : > .faults-soak.log; \
 	while [ $$(date +%s) -lt $$end ]; do n=$$((n + 1)); \
