@@ -97,7 +97,7 @@ ROUTES: tuple[Route, ...] = (
         "contract.no_worker", "request.timeout", "location.not_found", "ledger.unavailable",
     ), error_notes={
         "ledger.unavailable": "Only the ledger can say whether this old batch was applied, and it does not answer; nothing recorded",
-        "location.not_found": "The API key names its stock locations, not this one (?location=, the body's, or the default); nothing recorded",
+        "location.not_found": "No operator declared this location, or the API key names others (?location=, the body's, or the default); nothing recorded",
         "batch.conflict": (
             "The batchId is already bound to other content or another producer; the answer is the same "
             "in both cases and reveals nothing about the other shipment"

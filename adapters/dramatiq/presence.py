@@ -26,6 +26,7 @@ from importer.adapters.logs import log_event
 from importer.adapters.redis.errors import StoreUnavailable
 from importer.adapters.redis.store import RedisStore
 from importer.adapters.settings import Settings
+from importer.domain.locations import MAIN
 
 log = logging.getLogger("importer.worker")
 
@@ -45,6 +46,9 @@ class WorkerPresence(Middleware):
         self.window_ms = max(1, int(settings.heartbeat_timeout_s * 1000))
         self.interval_s = settings.heartbeat_timeout_s / 3
         self.worker_id = worker_id or new_worker_id()
+        #: IMPORTER_LOCATIONS and the default location, declared with the first beat Redis takes
+        #: (a worker started while Redis was away declares them once it is back).
+        self.to_declare = sorted({*settings.locations, settings.default_location} - {MAIN})
         self._stop = threading.Event()
         # A beat and the goodbye never overlap: a beat in flight must not
         # announce the worker again after it has left.
@@ -58,6 +62,9 @@ class WorkerPresence(Middleware):
                 return False
             try:
                 self.store.announce_worker(self.worker_id, self.accepts, self.window_ms)
+                if self.to_declare:
+                    self.store.declare_locations(self.to_declare)
+                    self.to_declare = []
                 return True
             except StoreUnavailable:
                 log_event(log, "worker.presence_unavailable", logging.WARNING, workerId=self.worker_id)

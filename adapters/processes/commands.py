@@ -28,8 +28,8 @@ def _check_redis(args: argparse.Namespace, process: str) -> Settings:
         settings = dataclasses.replace(settings, allow_eviction=True)
     client = redis_client(settings)
     try:
-        guard(client, allow_eviction=settings.allow_eviction, process=process)
-        declare_configured_locations(settings, client)
+        if guard(client, allow_eviction=settings.allow_eviction, process=process) is not None:
+            declare_configured_locations(settings, client)  # Redis away: the workers' first beat does it
     finally:
         client.close()
     return settings

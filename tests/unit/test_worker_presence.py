@@ -25,6 +25,12 @@ class PresenceStore:
             raise StoreUnavailable("down")
         self.calls.append(("remove", worker_id))
 
+    def declare_locations(self, names: list[str]) -> list[str]:
+        if self.down:
+            raise StoreUnavailable("down")
+        self.calls.append(("declare", *names))
+        return names
+
 
 def presence(store: PresenceStore) -> WorkerPresence:
     settings = Settings(accepted_versions=frozenset({1, 2}), heartbeat_timeout_s=15.0)
@@ -59,3 +65,14 @@ def test_a_sick_redis_neither_kills_the_beat_nor_the_shutdown() -> None:
 def test_worker_ids_are_unique_and_readable() -> None:
     first, second = new_worker_id(), new_worker_id()
     assert first != second and first.count(":") == 2
+
+
+def test_the_configured_locations_are_declared_with_the_first_beat_redis_takes() -> None:
+    """IMPORTER_LOCATIONS, declared by a worker started while Redis was away once it is back."""
+    store = PresenceStore(down=True)
+    settings = Settings(locations=("paris", "lyon"), default_location="rome", heartbeat_timeout_s=15.0)
+    beats = WorkerPresence(store, settings, worker_id="w1")  # type: ignore[arg-type]
+    assert beats.beat() is False and store.calls == []
+    store.down = False
+    assert beats.beat() is True and beats.beat() is True
+    assert [c for c in store.calls if c[0] == "declare"] == [("declare", "lyon", "paris", "rome")]  # once
