@@ -121,7 +121,11 @@ def test_redis_full_then_freed(make_redis: Any, make_faulty: Any) -> None:
         used = int(admin.info("memory")["used_memory"])
         admin.config_set("maxmemory", used + 200_000)
         wait_for(lambda: 503 in driver.statuses(), 30, 0.1, message="a POST refused by the full Redis")
+        # Full, Redis refuses writes only while over the limit, and the workers free memory as
+        # they drain: the fault lasts until a probe met it (CI once saw 10 probes land in between).
         time.sleep(2)
+        wait_for(lambda: any(r == "redis_refuses_writes" for _, r, _ in health.seen), 20, 0.1,
+                 message="/health saying redis_refuses_writes while Redis is full")
         admin.config_set("maxmemory", 0)
         fault_over = time.monotonic()
         driver.join()
