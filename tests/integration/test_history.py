@@ -65,7 +65,8 @@ def test_shipments_movements_and_stock_from_the_ledger(history_system: tuple[Sys
     time.sleep(0.05)
     imported(system, "h-3", {"HIST-A": 2}, location="paris")
     imported(system, "h-b", {"HIST-A": 100}, key=system.other_key)
-    wait_for(lambda: len(get(system, "/api/shipments")[1]["items"]) == 3, 30, 0.1, message="exported")
+    wait_for(lambda: len(get(system, "/api/shipments")[1]["items"]) == 3
+             and len(get(system, "/api/shipments", key=system.other_key)[1]["items"]) == 1, 30, 0.1, message="exported")
 
     # the owner's shipments, newest first, paged, filtered by location and time
     status, page = get(system, "/api/shipments")
