@@ -209,6 +209,7 @@ def build_http(settings: Settings) -> HttpSide:
     store.history = ledger = open_ledger(settings)
     metrics = HttpMetrics(store, ledger)
     sender: MessageSender = queue
+    ledger_status = LedgerStatus(store, ledger) if ledger is not None else None
     if settings.fault:
         from importer.adapters.faults import Faults, FaultySender  # tests only
 
@@ -243,7 +244,9 @@ def build_http(settings: Settings) -> HttpSide:
         history=ledger,
         archive=ProducerArchive(ledger) if ledger is not None else None,
         ledger_errors=(LedgerUnavailable,),
-        ledger_status=LedgerStatus(store, ledger) if ledger is not None else (lambda: None),
+        ledger_status=ledger_status or (lambda: None),
+        operations=store,
+        ledger_lags=ledger_status.by_location if ledger_status is not None else (lambda: None),
     )
     keys = KeyRing.parse(settings.api_keys)
     if not keys.entries:

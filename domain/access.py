@@ -28,8 +28,11 @@ NO_OWNER = "-"
 #: The scope of a key that may read stock levels and every owner's stock movements
 #: (GET /api/stock, /api/stock/{sku}, /api/stock-movements): stock belongs to the business.
 STOCK_READ = "stock:read"
-#: Every scope a key may carry (``importer keys create NAME --scopes stock:read``).
-SCOPES = frozenset({STOCK_READ})
+#: The scope of an operator's key: the routes under /api/ops/ (every location's queue,
+#: the live workers, bulk retries, intake paused and resumed, any import's diagnostic).
+OPS = "ops"
+#: Every scope a key may carry (``importer keys create NAME --scopes stock:read,ops``).
+SCOPES = frozenset({STOCK_READ, OPS})
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +46,10 @@ class Principal:
     @property
     def reads_stock(self) -> bool:
         return STOCK_READ in self.scopes
+
+    @property
+    def operates(self) -> bool:
+        return OPS in self.scopes
 
     def may_use(self, location: str) -> bool:
         return self.locations is None or location in self.locations

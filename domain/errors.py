@@ -47,7 +47,8 @@ EXPLANATIONS: dict[str, tuple[str, str]] = {
     "request.method_not_allowed": ("Method not allowed", "See openapi.yaml for the methods of this path."),
     "auth.required": ("API key required", "Send 'Authorization: Bearer <key>' with a key issued for your producer."),
     "auth.invalid": ("API key not recognised", "This server does not know the key sent: it is mistyped, revoked, or from another server. Send a key issued for your producer (`importer dev` prints its own, the same on every start with one data folder)."),
-    "auth.scope_required": ("API key may not read stock", "Stock levels belong to the business, not to one producer: this route needs a key with the stock:read scope (importer keys create NAME --scopes stock:read). Your own movements: GET /api/stock-movements."),
+    "auth.scope_required": ("API key lacks the scope this route needs", "Stock levels belong to the business, not to one producer: they need a key with the stock:read scope (your own movements: GET /api/stock-movements). The operators' routes (/api/ops/) need a key with the ops scope. An operator issues one: importer keys create NAME --scopes stock:read (or ops)."),
+    "intake.paused": ("Intake paused by an operator", "Operators paused new shipments here for a while (maintenance, an outage). Nothing was recorded: send the same request again after the seconds in Retry-After; your batchId is still yours."),
     "ledger.unavailable": ("History unavailable", "The stock history (the ledger) cannot be read now: it is not reachable, or this deployment keeps none (IMPORTER_DATABASE_URL). Retry later; imports are not affected."),
     "job.not_found": ("No such import job", "The job record does not exist or was removed by retention some time after it finished. A missing record does not mean the batch was never applied: read the batch's durable history at /api/shipments/ followed by its batchId."),
     "job.not_retryable": ("Import cannot be retried", "Only a failed import whose failure a retry can change (its attempts ran out, its time limit, the store or a worker was lost, a message or contract version the workers did not take) can be retried. 'detail' says why this one cannot; a failed CSV validation, a conflict or an overflow needs a new file under a new batchId."),
@@ -182,6 +183,15 @@ class LedgerUnreachable(DomainError):
     code = "ledger.unavailable"
     permanent = False
     retry_after_s = 5
+
+
+class IntakePaused(DomainError):
+    """[ops] An operator paused new uploads at this location, or everywhere
+    (POST /api/ops/intake): nothing was recorded; send again after Retry-After."""
+
+    code = "intake.paused"
+    permanent = False
+    retry_after_s = 30
 
 
 class BatchUnsettled(DomainError):

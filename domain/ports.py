@@ -31,8 +31,9 @@ class EnqueueOutcome:
     #: 'ask_ledger' [ledger]: no job and no done marker, and the batch's marker may have
     #: been pruned: ask the ledger, then enqueue again with ``ledger_asked``.
     #: 'undeclared': the location is not one an operator declared; nothing was written.
+    #: 'paused': an operator paused intake here or everywhere; nothing was written.
     kind: Literal["created", "exists", "conflict", "no_worker", "rate_limited", "content_needed", "ask_ledger",
-                  "undeclared"]
+                  "undeclared", "paused"]
     #: The job's state when it exists ('waiting' for a new one).
     state: str = ""
     #: A new job's message was written in the same atomic step as its record

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from importer.domain.errors import (
-    BatchConflict, BatchUnsettled, LedgerUnreachable, LocationNotAllowed, NoWorkerAccepts, RateLimited,
+    BatchConflict, BatchUnsettled, IntakePaused, LedgerUnreachable, LocationNotAllowed, NoWorkerAccepts, RateLimited,
 )
 from importer.domain.ledger import ArchiveLookup
 from importer.domain.locations import MAIN
@@ -82,6 +82,8 @@ def submit_import(
     if outcome.kind == "ask_ledger":
         outcome = _asked_ledger(recorder, archive, job_id=job_id, batch_id=batch_id, owner=owner, csv=csv,
                                 raw=raw, upload_id=upload_id, location=location, max_rows=max_rows)
+    if outcome.kind == "paused":
+        raise IntakePaused()
     if outcome.kind == "undeclared":
         raise LocationNotAllowed()  # 404 location.not_found, as for a location the key does not name
     if outcome.kind == "content_needed":

@@ -24,6 +24,7 @@ from importer.domain.contract import CURRENT_VERSION, live_workers_can_run
 from importer.domain.errors import RateLimited
 from importer.domain.jobs import JobRecord
 from importer.domain.ledger import ArchiveLookup, History
+from importer.domain.operations import OpsStore
 from importer.domain.ports import JobStore, MessageSender
 from importer.domain.retry_import import retry_refusal
 from importer.domain.locations import LOCATION_PATTERN, MAIN, is_valid_location, location_of_job
@@ -105,6 +106,10 @@ class Api:
     ledger_errors: tuple[type[BaseException], ...] = ()
     #: [ledger] /health's view of the ledger ({up, lagEntries, lagSeconds}); None: no ledger.
     ledger_status: Callable[[], dict[str, Any] | None] = lambda: None
+    #: [ops] The operators' view and actions (routes under /api/ops/); None: those routes answer 503.
+    operations: OpsStore | None = None
+    #: [ops] [ledger] location -> {lagEntries, lagSeconds}; None: no ledger.
+    ledger_lags: Callable[[], dict[str, dict[str, Any]] | None] = lambda: None
 
 
 def _time(ms: int | None) -> datetime | None:
@@ -323,6 +328,12 @@ def health(api: Api, req: Request) -> Response:
         "acceptsImports": live_workers_can_run(api.producer_version, live),
     }
     payload: dict[str, Any] = {"status": "ok", "workers": workers}
+    if api.operations is not None:
+        try:
+            paused = sorted(api.operations.intake())
+        except api.unavailable_errors:
+            paused = []
+        payload["intake"] = {"paused": bool(paused), "locations": paused}
     ledger = api.ledger_status()
     if ledger is not None:
         payload["ledger"] = ledger  # late history is no sickness: still 200

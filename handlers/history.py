@@ -90,7 +90,7 @@ def encode_position(position: Any) -> str:
     return base64.urlsafe_b64encode(json.dumps(["v1", *position], separators=(",", ":")).encode()).decode().rstrip("=")
 
 
-def _position(req: Request, errors: dict[str, list[str]], shape: tuple[type, ...]) -> list[Any] | None:
+def decode_position(req: Request, errors: dict[str, list[str]], shape: tuple[type, ...]) -> list[Any] | None:
     text = req.query.get("cursor")
     if not text:
         return None
@@ -120,7 +120,7 @@ def list_shipments(api: Api, req: Request) -> Response:
     errors: dict[str, list[str]] = {}
     limit = _limit(req, errors)
     from_ms, to_ms = _instant(req, "from", errors), _instant(req, "to", errors)
-    after = _position(req, errors, (int, str, str))
+    after = decode_position(req, errors, (int, str, str))
     if errors:
         raise _invalid(req, errors)
     locations = _locations(api, req)
@@ -183,7 +183,7 @@ def list_movements(api: Api, req: Request) -> Response:
     as_csv = "text/csv" in accept
     limit = _limit(req, errors)
     from_ms, to_ms = _instant(req, "from", errors), _instant(req, "to", errors)
-    after = _position(req, errors, (int, str, str, int))
+    after = decode_position(req, errors, (int, str, str, int))
     sku, batch_id = req.query.get("sku"), req.query.get("batchId")
     if sku is not None and not is_valid_sku(sku):
         errors["sku"] = ["Must be a SKU: 1-64 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit."]
@@ -244,7 +244,7 @@ def get_stock(api: Api, req: Request) -> Response:
     errors: dict[str, list[str]] = {}
     limit = _limit(req, errors)
     as_of = _instant(req, "asOf", errors)
-    cursor = _position(req, errors, (int,) if as_of is None else (str,))
+    cursor = decode_position(req, errors, (int,) if as_of is None else (str,))
     if errors:
         raise _invalid(req, errors)
     if as_of is None:

@@ -15,7 +15,7 @@ from apispec import APISpec
 from apispec.ext.marshmallow import MarshmallowPlugin
 
 from importer.domain.errors import explain
-from importer.handlers import schemas
+from importer.handlers import ops_schemas, schemas
 from importer.handlers.problems import HEADERS_OF, status_of
 from importer.handlers.routes import ROUTES, Route
 
@@ -37,6 +37,8 @@ _SCHEMAS = {
     "Receipt": schemas.ReceiptSchema,
     "Health": schemas.HealthSchema,
     "Problem": schemas.ProblemSchema,
+    **{name.removesuffix("Schema"): schema for name, schema in vars(ops_schemas).items()
+       if name.startswith("Ops") and name.endswith("Schema")},
 }
 
 

@@ -45,6 +45,7 @@ HTTP_STATUS: dict[str, int] = {
     "service.busy": 503,
     "contract.no_worker": 503,
     "ledger.unavailable": 503,
+    "intake.paused": 503,
 }
 
 #: Response headers that come with a code (documented in the OpenAPI document).
@@ -57,6 +58,7 @@ HEADERS_OF: dict[str, dict[str, str]] = {
     "service.busy": {"Retry-After": "Seconds to wait."},
     "contract.no_worker": {"Retry-After": "Seconds to wait."},
     "ledger.unavailable": {"Retry-After": "Seconds to wait."},
+    "intake.paused": {"Retry-After": "Seconds to wait."},
 }
 
 

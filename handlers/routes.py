@@ -13,7 +13,7 @@ from typing import Any
 
 from importer.domain.shipment import BATCH_ID_PATTERN
 from importer.handlers import api as h
-from importer.handlers import console, history, my_imports, receipts, rejections
+from importer.handlers import console, history, my_imports, ops, receipts, rejections
 from importer.handlers.schemas import LOCATION_PARAMETER
 from importer.handlers.answers import answer_for
 from importer.handlers.auth import KeyRing, bearer_token
@@ -94,7 +94,7 @@ ROUTES: tuple[Route, ...] = (
         "request.bad_json", "request.incomplete", "request.bad_digest", "request.digest_mismatch", *_API_ERRORS,
         "batch.conflict", "request.length_required", "request.too_large",
         "request.unsupported_media_type", "request.invalid", "request.rate_limited", "service.busy",
-        "contract.no_worker", "request.timeout", "location.not_found", "ledger.unavailable",
+        "contract.no_worker", "request.timeout", "location.not_found", "ledger.unavailable", "intake.paused",
     ), error_notes={
         "ledger.unavailable": "Only the ledger can say whether this old batch was applied, and it does not answer; nothing recorded",
         "location.not_found": "No operator declared this location, or the API key names others (?location=, the body's, or the default); nothing recorded",
@@ -250,6 +250,7 @@ ROUTES: tuple[Route, ...] = (
         "job.not_found": _JOB_NOT_FOUND,
     }),
     *(Route(**spec) for spec in history.ROUTE_SPECS),
+    *(Route(**spec) for spec in ops.ROUTE_SPECS),
     Route("GET", "/api/shipments/{batchId}", h.get_shipment, {
         "operationId": "getShipment",
         "summary": "Whether and when one of your batches was applied (durable history)",

@@ -285,12 +285,25 @@ class LedgerHealthSchema(Schema):
     })
 
 
+class IntakeHealthSchema(Schema):
+    """[ops] Whether operators paused new uploads (POST /api/ops/intake)."""
+
+    paused = fields.Boolean(required=True, metadata={"description": "true: new uploads answer 503 intake.paused at `locations`."})
+    locations = fields.List(fields.String(), required=True, metadata={
+        "description": "Where intake is paused ('*': everywhere); empty when it runs everywhere.",
+    })
+
+
 class HealthSchema(Schema):
     status = fields.String(required=True, validate=validate.OneOf(["ok", "unavailable"]))
     reason = fields.String(metadata={"description": "Why the service is unavailable: 'closing', 'redis_unreachable', 'redis_refuses_writes' (full, read-only, loading), 'broker_blocked' (RabbitMQ's memory or disk alarm) or 'broker_unreachable'."})
     workers = fields.Nested(WorkersSchema, metadata={"description": "With status ok: the live workers."})
     ledger = fields.Nested(LedgerHealthSchema, metadata={
         "description": "With status ok and a ledger configured: whether it answers and its export lag (never a reason for 503).",
+    })
+    intake = fields.Nested(IntakeHealthSchema, metadata={
+        "description": "With status ok: whether operators paused intake. Paused is still 200: reads, event streams and "
+                       "retries go on, and every node pauses alike.",
     })
 
 

@@ -13,11 +13,14 @@ message transport.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
 import threading
+import time
 import uuid
+from importlib import metadata
 from typing import Any
 
 from dramatiq.middleware import Middleware
@@ -54,6 +57,31 @@ class WorkerPresence(Middleware):
         # announce the worker again after it has left.
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        #: [ops] Messages this process is running now, and what it tells the operators' view.
+        self.in_flight = 0
+        self._count_lock = threading.Lock()
+        self._started_at_ms = int(time.time() * 1000)
+        self._release = _release()
+
+    def info(self) -> str:
+        """The JSON the operators' view shows for this worker (GET /api/ops/overview)."""
+        return json.dumps({
+            "release": self._release, "host": socket.gethostname(), "pid": os.getpid(),
+            "startedAt": self._started_at_ms, "inFlight": self.in_flight,
+        }, separators=(",", ":"))
+
+    def _count(self, by: int) -> None:
+        with self._count_lock:
+            self.in_flight = max(0, self.in_flight + by)
+
+    def before_process_message(self, broker: Any, message: Any) -> None:
+        self._count(1)
+
+    def after_process_message(self, broker: Any, message: Any, *, result: Any = None, exception: Any = None) -> None:
+        self._count(-1)
+
+    def after_skip_message(self, broker: Any, message: Any) -> None:
+        self._count(-1)
 
     def beat(self) -> bool:
         """One announcement; False when Redis could not take it (the next beat tries again)."""
@@ -61,7 +89,7 @@ class WorkerPresence(Middleware):
             if self._stop.is_set():
                 return False
             try:
-                self.store.announce_worker(self.worker_id, self.accepts, self.window_ms)
+                self.store.announce_worker(self.worker_id, self.accepts, self.window_ms, self.info())
                 if self.to_declare:
                     self.store.declare_locations(self.to_declare)
                     self.to_declare = []
@@ -95,3 +123,11 @@ class WorkerPresence(Middleware):
             log_event(log, "worker.presence_unavailable", logging.WARNING, workerId=self.worker_id)
         finally:
             self._lock.release()
+
+
+def _release() -> str:
+    """This install's Importer version (its package metadata)."""
+    try:
+        return metadata.version("importer")
+    except metadata.PackageNotFoundError:
+        return "unknown"

@@ -146,6 +146,7 @@ class LedgerStatus:
         self.stale_s = stale_s
         self._at = time.monotonic()
         self._last: dict[str, Any] = {"up": False, "lagEntries": None, "lagSeconds": None}
+        self._per_location: dict[str, dict[str, Any]] = {}
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
 
@@ -155,20 +156,29 @@ class LedgerStatus:
                 lags = export_lags(self.store, self.ledger)
                 view: dict[str, Any] = {"up": True, "lagEntries": sum(lag.entries for lag in lags),
                                         "lagSeconds": round(max((lag.seconds for lag in lags), default=0.0), 3)}
+                per = {lag.location: {"lagEntries": lag.entries, "lagSeconds": round(lag.seconds, 3)} for lag in lags}
             except Exception:  # the ledger or Redis away: down, said as such
-                view = {"up": False, "lagEntries": None, "lagSeconds": None}
-            self._last, self._at = view, time.monotonic()
+                view, per = {"up": False, "lagEntries": None, "lagSeconds": None}, {}
+            self._last, self._per_location, self._at = view, per, time.monotonic()
             time.sleep(self.every_s)
 
     def __call__(self) -> dict[str, Any]:
+        self._start()
+        if time.monotonic() - self._at > self.stale_s:
+            return {"up": False, "lagEntries": None, "lagSeconds": None}
+        return dict(self._last)
+
+    def by_location(self) -> dict[str, dict[str, Any]]:
+        """[ops] location -> {lagEntries, lagSeconds} of the last view (empty: the ledger is down)."""
+        self._start()
+        return {} if time.monotonic() - self._at > self.stale_s else dict(self._per_location)
+
+    def _start(self) -> None:
         if self._thread is None:  # started by the first probe, in the serving process (after any fork)
             with self._start_lock:
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._refresh, name="ledger-status", daemon=True)
                     self._thread.start()
-        if time.monotonic() - self._at > self.stale_s:
-            return {"up": False, "lagEntries": None, "lagSeconds": None}
-        return dict(self._last)
 
 
 def verify(store: RedisStore, ledger: PostgresLedger, settings: Settings, locations: list[str]) -> list[str]:

@@ -245,9 +245,10 @@ class AttemptSteps(RedisStoreBase):
         None: final when the attempts counted reach the maximum; ``outage``:
         the store was away, so the attempt is not counted and never final."""
         keys, args = self._job_step(job_id)
+        k = self.partition_of(job_id)
         with store_errors():
             reply = self._script("fail",
-                keys=[*keys, self.partition_of(job_id).deadline, self.partition_of(job_id).rejections(job_id)],
+                keys=[*keys, k.deadline, k.rejections(job_id), k.waiting, k.unsent],
                 args=[
                     *args, "" if attempt is None else attempt, "auto" if final is None else ("1" if final else "0"),
                     json.dumps(error.to_dict(), separators=(",", ":")), diagnostic[:4000],

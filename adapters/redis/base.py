@@ -55,6 +55,12 @@ class RedisStoreBase:
         """The keys of the partition that holds this job (its id names the location)."""
         return self.partition(location_of_job(job_id))
 
+    def server_time_ms(self) -> int:
+        """The Redis server's clock (every liveness and lag is measured by it)."""
+        with store_errors():
+            seconds, micros = self.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
     def declare_locations(self, names: Iterable[str]) -> list[str]:
         """Declare stock locations (the control partition's registry, which admit.lua
         checks); returns those that were not declared yet."""

@@ -127,6 +127,13 @@ class Keys:
         #: [control] set: every location but main that ever had a job (the reconciler,
         #: the observer and /metrics go over them).
         self.locations = f"{prefix}locations"
+        #: [ops] hash, control partition: location ('*': every one) -> JSON {by, at} of the operator
+        #: who paused its intake (enqueue.lua, admit.lua refuse new uploads there).
+        self.intake_paused = f"{prefix}intake:paused"
+        #: [ops] hash, control partition: worker id -> JSON {release, pid, host, inFlight, startedAt} (presence.lua).
+        self.workers_info = f"{prefix}workers:info"
+        #: [ops] stream, control partition: what operators did, by whom and when (capped).
+        self.ops_actions = f"{prefix}ops:actions"
         #: [ledger] string: how many times done markers were pruned here (ledger_prune.lua);
         #: absent until the first pruning (apply.lua's door).
         self.ledger_pruned = f"{prefix}ledger:pruned"

@@ -124,11 +124,6 @@ class LedgerOutbox(RedisStoreBase):
         with store_errors():
             return int(self._script("ledger_prune", keys=keys, args=[cutoff_ms, recheck_ms, *batch_ids]))
 
-    def server_time_ms(self) -> int:
-        with store_errors():
-            seconds, micros = self.client.time()
-        return int(seconds) * 1000 + int(micros) // 1000
-
     def journal_progress(self, location: str, after: StreamId) -> tuple[int, int | None]:
         """(entries the journal ever received, the ms of its oldest entry after ``after``, None: none)."""
         key = self.partition(location).journal

@@ -33,7 +33,7 @@ class JobRecorder(RedisStoreBase):
         rate_limit = s.rate_limit if rate_token and s.rate_limit > 0 else 0
         if k.location != MAIN:
             # Another partition: the rate token and the door check first, in the control partition's step.
-            refused = self._admit(owner, k.location, rate_limit, window_ms, now)
+            refused = self._admit(owner, k.location, rate_limit, window_ms, now, new_upload=True)
             if refused is not None:
                 return refused
             rate_limit = 0
@@ -44,6 +44,7 @@ class JobRecorder(RedisStoreBase):
             k.workers, k.workers_accepts, k.workers_accepting(s.producer_version), k.rate(owner, now // window_ms),
             k.job_events(job_id),  # KEYS[12], always: the job's own event stream
             k.ledger_pruned_filter,  # KEYS[13] [ledger]
+            k.intake_paused,  # KEYS[14] [ops] (at main the control partition's)
         ]
         args: list[Any] = [
             job_id, batch_id, owner, content_sha256, upload_id, now, csv, s.events_maxlen, s.producer_version,
@@ -72,6 +73,8 @@ class JobRecorder(RedisStoreBase):
             return EnqueueOutcome("content_needed", stored_upload_id=text_of(reply[1]))
         if kind == "ask_ledger":
             return EnqueueOutcome("ask_ledger")
+        if kind == "paused":
+            return EnqueueOutcome("paused")
         return EnqueueOutcome("conflict")
 
     def _replicated(self, k: Keys) -> None:
@@ -81,21 +84,26 @@ class JobRecorder(RedisStoreBase):
             with store_errors():
                 self.client.wait_replicated(k.replicated, s.redis_wait_replicas, s.redis_wait_replicas_ms)
 
-    def _admit(self, owner: str, location: str, rate_limit: int, window_ms: int, now: int) -> EnqueueOutcome | None:
-        """admit.lua in the control partition: the location declared, the owner's rate
-        token, the door check and the owner's registry; None when the POST may go on."""
+    def _admit(
+        self, owner: str, location: str, rate_limit: int, window_ms: int, now: int, *, new_upload: bool = False,
+    ) -> EnqueueOutcome | None:
+        """admit.lua in the control partition: the location declared, intake not paused (a
+        ``new_upload`` only), the owner's rate token, the door check and the owner's registry;
+        None when the POST may go on."""
         k, s = self.keys, self.settings
         with store_errors():
             reply = self._script_shared("admit",
                 keys=[
                     k.rate(owner, now // window_ms), k.workers, k.workers_accepts,
-                    k.workers_accepting(s.producer_version), k.locations, k.owner_locations(owner),
+                    k.workers_accepting(s.producer_version), k.locations, k.owner_locations(owner), k.intake_paused,
                 ],
-                args=[rate_limit, window_ms * 2, s.producer_version, location],
+                args=[rate_limit, window_ms * 2, s.producer_version, location, "1" if new_upload else ""],
             )
         kind = text_of(reply[0])
         if kind == "undeclared":
             return EnqueueOutcome("undeclared")
+        if kind == "paused":
+            return EnqueueOutcome("paused")
         if kind == "rate_limited":
             return EnqueueOutcome("rate_limited", retry_after_ms=window_ms - now % window_ms)
         if kind == "no_worker":

@@ -10,19 +10,21 @@ here into the one object the composition root builds:
 * :class:`~importer.adapters.redis.attempts.AttemptSteps`: the worker's side;
 * :class:`~importer.adapters.redis.reads.JobReads`: owner-scoped reads;
 * :class:`~importer.adapters.redis.upkeep.StoreUpkeep`: reconciler, presence, metrics, health;
-* :class:`~importer.adapters.redis.outbox.LedgerOutbox`: the ledger's outbox (journal, receipts), trimmed once exported.
+* :class:`~importer.adapters.redis.outbox.LedgerOutbox`: the ledger's outbox (journal, receipts), trimmed once exported;
+* :class:`~importer.adapters.redis.ops.OpsReads`: the operators' view and actions.
 """
 
 from __future__ import annotations
 
 from importer.adapters.redis.attempts import AttemptSteps
+from importer.adapters.redis.ops import OpsReads
 from importer.adapters.redis.outbox import LedgerOutbox
 from importer.adapters.redis.reads import JobReads
 from importer.adapters.redis.recorder import JobRecorder
 from importer.adapters.redis.upkeep import StoreUpkeep
 
 
-class RedisStore(JobRecorder, AttemptSteps, JobReads, StoreUpkeep, LedgerOutbox):
+class RedisStore(JobRecorder, AttemptSteps, JobReads, StoreUpkeep, LedgerOutbox, OpsReads):
     """All of Importer's Redis state behind one object.
 
     With ``messages`` (the producer on the Redis transport, when the broker

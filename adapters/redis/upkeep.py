@@ -176,24 +176,28 @@ class StoreUpkeep(RedisStoreBase):
         age = max(0.0, (self._now() - oldest) / 1000) if oldest is not None else 0.0
         return QueueStats(waiting, age, active, stats)
 
-    def announce_worker(self, worker_id: str, accepts: frozenset[int], window_ms: int) -> int:
+    def announce_worker(self, worker_id: str, accepts: frozenset[int], window_ms: int, info: str = "{}") -> int:
         """This worker is alive for ``window_ms`` more (server clock) and accepts
-        these contract versions (presence.lua); returns how many workers are live."""
+        these contract versions (presence.lua), with ``info`` (JSON) for the
+        operators' view; returns how many workers are live."""
         with store_errors():
-            return int(self._script("presence", **self._presence(worker_id, format_versions(accepts), window_ms, accepts)))
+            return int(self._script("presence", **self._presence(worker_id, format_versions(accepts), window_ms, accepts, info)))
 
     def remove_worker(self, worker_id: str) -> None:
         """A worker that stops says so: the door stops counting it at once."""
         with store_errors():
-            self._script("presence", **self._presence(worker_id, "", 0, frozenset()))
+            self._script("presence", **self._presence(worker_id, "", 0, frozenset(), ""))
 
-    def _presence(self, worker_id: str, versions: str, window_ms: int, accepts: frozenset[int]) -> dict[str, list[Any]]:
+    def _presence(
+        self, worker_id: str, versions: str, window_ms: int, accepts: frozenset[int], info: str,
+    ) -> dict[str, list[Any]]:
         """presence.lua's KEYS and ARGV: the per-version zsets of every version
         this code knows and ``accepts`` are declared."""
         known = sorted(KNOWN_VERSIONS | accepts)
+        k = self.keys
         return {
-            "keys": [self.keys.workers, self.keys.workers_accepts, *(self.keys.workers_accepting(v) for v in known)],
-            "args": [worker_id, versions, window_ms, ",".join(map(str, known))],
+            "keys": [k.workers, k.workers_accepts, k.workers_info, *(k.workers_accepting(v) for v in known)],
+            "args": [worker_id, versions, window_ms, ",".join(map(str, known)), info],
         }
 
     def live_workers(self) -> dict[str, frozenset[int]]:

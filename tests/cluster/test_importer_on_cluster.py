@@ -173,6 +173,15 @@ def _end_to_end(cluster: LocalCluster, system: System) -> None:
         time.sleep(0.3)
         assert unsent in [job_id for job_id, _, _ in upkeep.reconcile()]
         upkeep.mark_sent(unsent)  # as a producer on RabbitMQ does once its publish is confirmed (mark_sent.lua)
+        # [ops] the operators' reads and acts, each location's on its own node.
+        queue = upkeep.location_queue(locations[1])
+        assert queue.location == locations[1] and queue.waiting >= 1
+        assert upkeep.workers_now() and upkeep.failed_imports(locations[0], code=None, limit=5)[0] is not None
+        upkeep.set_intake(locations[1], paused=True, by="ops")
+        assert list(upkeep.intake()) == [locations[1]]
+        upkeep.set_intake("*", paused=False, by="ops")
+        upkeep.record_action("ops", "intake", {"location": "*"})
+        assert upkeep.actions(limit=5, before=None)[0][0]["by"] == "ops"
         wait_for(lambda: upkeep.reconcile() is not None and upkeep.get_job(bad_job) is None, 15,
                  message="the failed record removed by retention")
         upkeep.client.close()

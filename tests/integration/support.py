@@ -341,9 +341,11 @@ class System:
         status, _, body = self.request("GET", f"/api/imports/{job_id}", **kw)
         return status, json.loads(body)
 
-    def wait_state(self, job_id: str, states: tuple[str, ...] = ("completed", "failed"), timeout: float = 30) -> Any:
+    def wait_state(
+        self, job_id: str, states: tuple[str, ...] = ("completed", "failed"), timeout: float = 30, key: str = "default",
+    ) -> Any:
         def done() -> Any:
-            status, record = self.get_job(job_id)
+            status, record = self.get_job(job_id, key=key)
             return record if status == 200 and record["state"] in states else None
 
         return wait_for(done, timeout, 0.05, message=f"{job_id} in {states}")

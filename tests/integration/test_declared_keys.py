@@ -148,6 +148,9 @@ def _exercise_every_script(store: ProbeStore) -> None:
     store.announce_worker("w1", frozenset({1}), 60_000)
     assert "w1" in store.live_workers()
 
+    # [ops] the operators' view of a location's queue.
+    assert store.location_queue("paris").location == "paris"
+
     # Separate steps, then one step (start_apply), at main and at another location.
     for location in ("main", "paris"):
         job_id, upload_id = _enqueue(store, f"sep-{location}", location)

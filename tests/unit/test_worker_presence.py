@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from importer.adapters.redis.errors import StoreUnavailable
@@ -14,9 +15,12 @@ class PresenceStore:
     calls: list[tuple[str, ...]] = field(default_factory=list)
     down: bool = False
 
-    def announce_worker(self, worker_id: str, accepts: frozenset[int], window_ms: int) -> int:
+    infos: list[dict[str, object]] = field(default_factory=list)
+
+    def announce_worker(self, worker_id: str, accepts: frozenset[int], window_ms: int, info: str = "{}") -> int:
         if self.down:
             raise StoreUnavailable("down")
+        self.infos.append(json.loads(info))
         self.calls.append(("announce", worker_id, ",".join(map(str, sorted(accepts))), str(window_ms)))
         return 1
 
@@ -76,3 +80,18 @@ def test_the_configured_locations_are_declared_with_the_first_beat_redis_takes()
     store.down = False
     assert beats.beat() is True and beats.beat() is True
     assert [c for c in store.calls if c[0] == "declare"] == [("declare", "lyon", "paris", "rome")]  # once
+
+
+def test_each_beat_tells_the_operators_its_release_and_the_messages_it_runs() -> None:
+    store = PresenceStore()
+    presence = WorkerPresence(store, Settings.from_env({}), worker_id="w1")  # type: ignore[arg-type]
+    presence.before_process_message(None, None)
+    presence.before_process_message(None, None)
+    presence.after_process_message(None, None, result=None)
+    assert presence.beat() is True
+    info = store.infos[-1]
+    assert info["inFlight"] == 1 and info["pid"] > 0 and info["release"] and info["startedAt"] > 0
+    presence.after_skip_message(None, None)
+    presence.after_skip_message(None, None)  # never below zero
+    presence.beat()
+    assert store.infos[-1]["inFlight"] == 0

@@ -10,8 +10,10 @@
 -- KEYS[5] P:locations   KEYS[6] P:locations:owner:<owner>   [locations] the declared locations, the owner's
 -- ARGV[1] the rate limit to take a token of here, 0 = not here   ARGV[2] the counter's expiry ms
 -- ARGV[3] the contract version of the message this producer sends   ARGV[4] the location
+-- KEYS[7] P:intake:paused   [ops] ARGV[5] '1': a new upload (a POST), refused while an operator
+--   paused intake at this location or everywhere ('*'); '' for a retry, which adds no shipment
 --
--- Returns {'ok'} | {'undeclared'} | {'rate_limited'} | {'no_worker', '1,3'}
+-- Returns {'ok'} | {'undeclared'} | {'paused'} | {'rate_limited'} | {'no_worker', '1,3'}
 --   A location no operator declared (`importer locations add`, IMPORTER_LOCATIONS)
 --   is refused first, with nothing written: no token, no registry entry, so
 --   that nobody can grow the per-location costs (reconciler, observer, metrics).
@@ -21,6 +23,7 @@
 --   before the job is recorded, so the owner's list never misses one.
 
 if redis.call('SISMEMBER', KEYS[5], ARGV[4]) == 0 then return {'undeclared'} end
+if ARGV[5] == '1' and intake_paused(KEYS[7], ARGV[4]) then return {'paused'} end  -- [ops]
 local rate_limit = tonumber(ARGV[1])
 if rate_limit > 0 then
   local used = redis.call('INCR', KEYS[1])

@@ -36,7 +36,10 @@
 --   P:jobs:owner:<owner>    zset    [console] jobId -> createdAt, one owner's job records (GET /api/imports);
 --                                   written by enqueue.lua, removed with the record by retention (retain_drop.lua)
 --   P:stats                 hash    queue-wide counters for /metrics (completed, failed:<code>,
---                                   retries, rows_applied, replays, duration buckets)
+--                                   retries, rows_applied, replays, duration buckets); [ops] recent
+--                                   failures by code and time bucket (count_recent_failure)
+--   P:intake:paused         hash    [ops] control partition: location ('*': all) -> who paused its
+--                                   intake, and when (JSON); enqueue.lua and admit.lua refuse new uploads
 --   P:rate:<owner>:<window> string  POSTs of one owner in one rate-limit window (expires)
 --   P:dramatiq:...          dramatiq's Redis broker (queues, delayed queues); no script touches them
 --   P:jobs:deadline         zset    jobId -> deadline ms of every sent job not final yet (reconcile.lua)
@@ -208,10 +211,27 @@ local function count(stats_key, field, by)
   incrby(stats_key, field, by or 1)
 end
 
-local function count_failed(stats_key, error_json)
+-- [ops] Recent failures by code, for the operators' overview (adapters/redis/ops.py):
+-- fields 'recent:m<5-minute bucket>:<code>' (the last hour) and 'recent:h<hour>:<code>'
+-- (the last day) of P:stats, buckets of the server's clock. When the hour turns, the
+-- fields past those windows leave: the hash holds at most 36 buckets of the codes seen.
+local function count_recent_failure(stats_key, code, now)
+  local five, hour = math.floor(now / 300000), math.floor(now / 3600000)
+  incrby(stats_key, 'recent:m' .. five .. ':' .. code, 1)
+  incrby(stats_key, 'recent:h' .. hour .. ':' .. code, 1)
+  if redis.call('HGET', stats_key, 'recent:hour') == tostring(hour) then return end
+  redis.call('HSET', stats_key, 'recent:hour', hour)
+  for _, field in ipairs(redis.call('HKEYS', stats_key)) do
+    local kind, bucket = string.match(field, '^recent:([mh])(%d+):')
+    if kind and tonumber(bucket) <= (kind == 'h' and hour - 24 or five - 12) then redis.call('HDEL', stats_key, field) end
+  end
+end
+
+local function count_failed(stats_key, error_json, now)
   local ok, decoded = pcall(cjson.decode, error_json)
   local code = (ok and type(decoded) == 'table' and decoded['code']) or 'unknown'
   count(stats_key, 'failed:' .. code)
+  count_recent_failure(stats_key, code, now)
 end
 
 -- One observation of an attempt's duration (its attemptStartedAt -> now), as
@@ -238,8 +258,13 @@ local function mark_failed(step, batch_id, attempt, error_json, diagnostic)
   zrem(step.active, step.id)
   index_finished(step, step.failed)
   emit(step.events, step.job_events, step.maxlen, 'failed', step.id, batch_id, attempt, error_json)
-  count_failed(step.stats, error_json)
+  count_failed(step.stats, error_json, step.now)
   observe_duration(step)
+end
+
+-- [ops] Whether an operator paused new uploads at this location, or everywhere (POST /api/ops/intake).
+local function intake_paused(paused_key, location)
+  return redis.call('HEXISTS', paused_key, '*') == 1 or redis.call('HEXISTS', paused_key, location) == 1
 end
 
 -- [door] nil when a producer of `version` may record new work, else the

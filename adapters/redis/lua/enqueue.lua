@@ -27,8 +27,11 @@
 -- ARGV[15] [ledger] '1': the producer asked the ledger about this batch after an
 --   'ask_ledger' answer (and found it new, or the same content); '' otherwise
 --
+-- KEYS[14] P:intake:paused  [ops] at main: refused while an operator paused intake here or
+--   everywhere (at another location admit.lua checked it: this partition's own key stays empty)
+--
 -- With the job's dramatiq message (Redis transport, the broker on this Redis):
--- KEYS[14] <namespace>:<queue>  KEYS[15] <namespace>:<queue>.msgs  KEYS[16] P:jobs:deadline
+-- KEYS[15] <namespace>:<queue>  KEYS[16] <namespace>:<queue>.msgs  KEYS[17] P:jobs:deadline
 -- ARGV[16] redis_message_id  ARGV[17] the message as dramatiq's encoder wrote it
 -- ARGV[18] waiting grace ms
 --   written as dramatiq's RedisBroker.enqueue (its dispatch.lua) writes it:
@@ -39,7 +42,7 @@
 --   Without them the job goes into P:jobs:unsent until the caller marks it sent.
 --
 -- Returns {'created', sent (1|0)} | {'exists', state} | {'conflict', reason}
---   | {'no_worker', '1,3'} | {'rate_limited'} | {'content_needed', uploadId}
+--   | {'paused'} [ops] (before anything, the rate token included) | {'no_worker', '1,3'} | {'rate_limited'} | {'content_needed', uploadId}
 --   | {'ask_ledger'} [ledger]: no job and no done marker, and the batch is in
 --   the filter of pruned batchIds: it may have been applied long ago; nothing
 --   was written: the producer asks the ledger (409 for other content or
@@ -67,6 +70,8 @@
 
 local job_key, upload_key, done_key = KEYS[1], KEYS[2], KEYS[3]
 local job_id, batch_id, owner, sha = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+
+if intake_paused(KEYS[14], 'main') then return {'paused'} end  -- [ops]
 
 local rate_limit = tonumber(ARGV[10])  -- [rate]
 if rate_limit > 0 then
@@ -114,12 +119,12 @@ redis.call('SET', upload_key, ARGV[7])
 redis.call('ZADD', KEYS[5], ARGV[6], job_id)
 redis.call('ZADD', KEYS[7], ARGV[6], job_id)  -- [console] GET /api/imports
 emit(KEYS[6], KEYS[12], ARGV[8], 'waiting', job_id, batch_id, 0, '{}')
-local queue_key, messages_key = KEYS[14], KEYS[15]
+local queue_key, messages_key = KEYS[15], KEYS[16]
 local message_id, message_data = ARGV[16], ARGV[17]
 if queue_key and message_id then
   redis.call('HSET', messages_key, message_id, message_data)
   redis.call('RPUSH', queue_key, message_id)
-  redis.call('ZADD', KEYS[16], 'NX', tonumber(ARGV[6]) + tonumber(ARGV[18]), job_id)
+  redis.call('ZADD', KEYS[17], 'NX', tonumber(ARGV[6]) + tonumber(ARGV[18]), job_id)
   return {'created', 1}
 end
 redis.call('ZADD', KEYS[4], ARGV[6], job_id)

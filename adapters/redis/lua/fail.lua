@@ -19,6 +19,8 @@
 -- ARGV[17] '1' when the attempt failed because the store was away (an
 --          outage: counted in `outages`, never toward the attempts, never final)
 -- ARGV[18] max attempts (for 'auto'): counted = attempt - outages - stalls
+-- KEYS[10] P:jobs:waiting  KEYS[11] P:jobs:unsent: a job that fails before any attempt
+--   started (an unreadable message, a contract version no worker takes) leaves them here
 --
 -- A finished job is never changed (returns {'finished', state}); neither is
 -- a job another attempt holds (returns {'stale', state}).
@@ -37,7 +39,11 @@ elseif rec[1] ~= 'active' or token ~= ARGV[14] then
 end
 
 local attempt = ARGV[9]
-if attempt == '' then attempt = redis.call('HINCRBY', step.key, 'attempt', 1) end
+if attempt == '' then
+  attempt = redis.call('HINCRBY', step.key, 'attempt', 1)
+  redis.call('ZREM', KEYS[10], step.id)
+  redis.call('ZREM', KEYS[11], step.id)
+end
 local final = ARGV[10] == '1'
 if ARGV[17] == '1' then
   redis.call('HINCRBY', step.key, 'outages', 1)

@@ -4,7 +4,9 @@
 --
 -- KEYS[1] P:workers           zset  worker id -> expiry ms
 -- KEYS[2] P:workers:accepts   hash  worker id -> accepted versions, e.g. "1,2"
--- KEYS[3] onwards: P:workers:v<version> of each version in ARGV[4]: that
+-- KEYS[3] P:workers:info      hash  worker id -> JSON the operators' view shows (ARGV[5]:
+--   release, host, pid, startedAt, inFlight), kept and removed with the entry
+-- KEYS[4] onwards: P:workers:v<version> of each version in ARGV[4]: that
 -- version's zset, worker id -> expiry, so that enqueue.lua's check costs one
 -- ZCOUNT whatever the number of workers
 -- ARGV[1] worker id  ARGV[2] accepted versions ('' = the worker leaves)
@@ -12,6 +14,7 @@
 --   (every version the caller knows, and all of ARGV[2]): a version's zset
 --   not among them (a newer worker's) is left as it is here; its stale
 --   entries never count as live (their expiry is past)
+-- ARGV[5] the worker's info JSON ('' when it leaves)
 --
 -- The expiry is the server's clock + the window: liveness never compares
 -- clocks of different hosts (worker, HTTP, Redis). Expired entries of any
@@ -19,13 +22,13 @@
 --
 -- Returns the number of live workers after this call.
 
-local workers, accepts = KEYS[1], KEYS[2]
+local workers, accepts, info = KEYS[1], KEYS[2], KEYS[3]
 local id, versions, window = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local now = server_ms()
 local by_version, n = {}, 0  -- version -> its declared zset
 for v in string.gmatch(ARGV[4], '%d+') do
   n = n + 1
-  by_version[v] = KEYS[2 + n]
+  by_version[v] = KEYS[3 + n]
 end
 
 -- A worker's entries, in all three places.
@@ -38,6 +41,7 @@ local function forget(worker)
   end
   redis.call('ZREM', workers, worker)
   redis.call('HDEL', accepts, worker)
+  redis.call('HDEL', info, worker)
 end
 
 for _, worker in ipairs(redis.call('ZRANGEBYSCORE', workers, '-inf', '(' .. now, 'LIMIT', 0, 100)) do
@@ -50,6 +54,7 @@ else
   local expiry = now + window
   redis.call('ZADD', workers, expiry, id)
   redis.call('HSET', accepts, id, versions)
+  redis.call('HSET', info, id, ARGV[5])
   for v in string.gmatch(versions, '%d+') do redis.call('ZADD', by_version[v], expiry, id) end
 end
 return redis.call('ZCARD', workers)
