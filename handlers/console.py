@@ -19,6 +19,9 @@ FILES = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/console.css": ("console.css", "text/css; charset=utf-8"),
     "/console.js": ("console.js", "text/javascript; charset=utf-8"),
+    # [ops] The operators' page (its data needs a key with the ops scope).
+    "/ops": ("ops.html", "text/html; charset=utf-8"),
+    "/ops.js": ("ops.js", "text/javascript; charset=utf-8"),
 }
 
 SECURITY_HEADERS = (

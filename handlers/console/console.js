@@ -78,7 +78,9 @@
         return "The request is not valid (request.invalid)" + (fields ? ": " + fields : ".");
       }
       case 429: return "Too many imports sent in a short time (request.rate_limited). Wait " + (wait || 1) + " second" + (wait === 1 ? "" : "s") + ", then send again.";
-      case 503: return code === "service.busy"
+      case 503: return code === "intake.paused"
+        ? "Operators paused new shipments for a while (intake.paused). Nothing was recorded: send the same file again in " + (wait || 30) + " seconds; your batchId is still yours."
+        : code === "service.busy"
         ? "The server holds as many live streams as it allows (service.busy); this page checks the import every second instead."
         : "The service is unavailable right now (service.unavailable). Try again in " + (wait || 5) + " seconds.";
       default: return "The server answered " + status + (code ? " (" + code + ")" : "") + (body && body.detail ? ": " + body.detail : ".");

@@ -16,6 +16,7 @@ import os
 import re
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -105,24 +106,20 @@ def playwright_browser() -> Iterator[Any]:
             browser.close()
 
 
-@pytest.fixture(scope="module")
-def console_system(redis_url: str, postgres_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
-    """One installation for a module's browser tests: a worker, `importer serve` and the ledger's exporter."""
-    import uuid
-
+@contextmanager
+def installation(postgres_server_url: str, system: System, *, worker: bool = True) -> Iterator[System]:
+    """``system`` with its own ledger database: `importer serve`, the ledger's exporter and
+    (``worker``) a worker; every process stopped and the database dropped after."""
     import psycopg
 
     name = "importer_b_" + uuid.uuid4().hex[:12]
     with psycopg.connect(postgres_server_url, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    database = postgres_server_url.rsplit("/", 1)[0] + "/" + name
-    system = System(
-        redis_url, tmp_path_factory.mktemp("browser"),
-        env_overrides={"IMPORTER_MAX_UPLOAD_BYTES": "4096", "IMPORTER_EVENT_STREAM_HEARTBEAT": "2",
-                       "IMPORTER_DATABASE_URL": database, "IMPORTER_LEDGER_INTERVAL": "0.05"},
-    )
+    system.env_overrides.update(IMPORTER_DATABASE_URL=postgres_server_url.rsplit("/", 1)[0] + "/" + name,
+                                IMPORTER_LEDGER_INTERVAL="0.05")
     try:
-        system.start_worker()
+        if worker:
+            system.start_worker()
         system.start_http()
         system.start_ledger()
         yield system
@@ -130,6 +127,17 @@ def console_system(redis_url: str, postgres_server_url: str, tmp_path_factory: p
         system.stop_all()
         with psycopg.connect(postgres_server_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="module")
+def console_system(redis_url: str, postgres_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+    """One installation for a module's browser tests: a worker, `importer serve` and the ledger's exporter."""
+    system = System(
+        redis_url, tmp_path_factory.mktemp("browser"),
+        env_overrides={"IMPORTER_MAX_UPLOAD_BYTES": "4096", "IMPORTER_EVENT_STREAM_HEARTBEAT": "2"},
+    )
+    with installation(postgres_server_url, system) as running:
+        yield running
 
 
 @pytest.fixture
