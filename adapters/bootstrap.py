@@ -21,6 +21,7 @@ from redis.cluster import ClusterNode
 from redis.exceptions import DataError
 from redis.retry import Retry
 
+from importer.adapters import tracing
 from importer.adapters.logs import log_event
 from importer.adapters.metrics import HttpMetrics
 from importer.adapters.dramatiq.broker import build_broker
@@ -200,6 +201,7 @@ def open_ledger(settings: Settings, *, max_size: int = 4) -> PostgresLedger | No
 
 def build_http(settings: Settings) -> HttpSide:
     bound_large_allocations()
+    traced = tracing.setup(settings, "importer-http")
     client = redis_client(settings)
     broker = build_broker(settings, client)
     queue = ImportQueue(broker, settings, request_id=request_id_var.get, new_id=random_uuid)
@@ -246,6 +248,7 @@ def build_http(settings: Settings) -> HttpSide:
         ledger_errors=(LedgerUnavailable,),
         ledger_status=ledger_status or (lambda: None),
         operations=store,
+        trace_request=tracing.traced_request if traced else None,
         ledger_lags=ledger_status.by_location if ledger_status is not None else (lambda: None),
     )
     keys = KeyRing.parse(settings.api_keys)
@@ -256,6 +259,7 @@ def build_http(settings: Settings) -> HttpSide:
 
 def build_worker(settings: Settings) -> dramatiq.Broker:
     """The broker of a worker process, with the import actor declared on it."""
+    tracing.setup(settings, "importer-worker")
     client = redis_client(settings)
     store = RedisStore(client, settings, clock_ms=clock_ms)
     store.archive = open_ledger(settings)

@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Any, TextIO
 
+from importer.adapters import tracing
 from importer.adapters.settings import log_format as configured_log_format
 from importer.domain.ids import request_id_var
 
@@ -32,6 +33,9 @@ class JsonFormatter(logging.Formatter):
         request_id = request_id_var.get()
         if request_id is not None:
             out["requestId"] = request_id
+        trace = tracing.trace_id()
+        if trace is not None:
+            out["traceId"] = trace
         for key, value in vars(record).items():
             if key not in _RESERVED and not key.startswith("_"):
                 out[key] = value
@@ -80,6 +84,9 @@ class TextFormatter(logging.Formatter):
         request_id = request_id_var.get()
         if request_id is not None:
             fields.append(f"requestId={_text_value(request_id)}")
+        trace = tracing.trace_id()
+        if trace is not None:
+            fields.append(f"traceId={trace}")
         if record.exc_info and record.exc_info[1] is not None:
             error = record.exc_info[1]
             fields.append(f"exc={_text_value(f'{type(error).__name__}: {error}'[:300])}")

@@ -223,6 +223,11 @@ class Settings:
     ledger_interval_s: float = 0.2
     #: [ledger] Journal entries per export transaction.
     ledger_batch: int = 500
+    #: [trace] OTEL_TRACES_EXPORTER: "console" or "otlp" turns tracing on (with the otel extra installed);
+    #: "none" (the default) or unset: off, at no cost.
+    traces_exporter: str = "none"
+    #: [trace] OTEL_SERVICE_NAME, when set: every process's service name (else importer-http, importer-worker).
+    otel_service_name: str = ""
     #: Test-only fault injection, e.g. "after_apply:5" (sleep 5 s there) or
     #: "before_send:crash" (kill the process there). Never set in production.
     fault: str = ""
@@ -264,6 +269,8 @@ class Settings:
             keep_failed_count=_int(env, "IMPORTER_KEEP_FAILED_COUNT", cls.keep_failed_count),
             events_maxlen=_int(env, "IMPORTER_EVENTS_MAXLEN", cls.events_maxlen, minimum=1),
             fault=env.get("IMPORTER_FAULT", ""),
+            traces_exporter=(env.get("OTEL_TRACES_EXPORTER") or "none").strip().lower(),
+            otel_service_name=env.get("OTEL_SERVICE_NAME", ""),
             database_url=env.get("IMPORTER_DATABASE_URL") or None,
             ledger_hot_window_s=_float(env, "IMPORTER_LEDGER_HOT_WINDOW", cls.ledger_hot_window_s),
             idempotency_horizon_s=_float(env, "IMPORTER_IDEMPOTENCY_HORIZON", cls.idempotency_horizon_s),
@@ -328,6 +335,8 @@ class Settings:
             raise SettingsError("IMPORTER_LEDGER_INTERVAL must be > 0")
         if self.database_url and not self.database_url.startswith(("postgresql://", "postgres://")):
             raise SettingsError("IMPORTER_DATABASE_URL must be a postgresql:// URL")
+        if self.traces_exporter not in ("none", "console", "otlp"):
+            raise SettingsError("OTEL_TRACES_EXPORTER must be console, otlp or none")
         if self.share_round_trips not in (0, 1):
             raise SettingsError("IMPORTER_SHARE_ROUND_TRIPS must be 0 or 1")
 

@@ -42,6 +42,8 @@ class JobRecord:
     upload_id: str = ""
     #: How many times its owner retried it (each retry starts a new attempt chain: attempt from 0).
     retries: int = 0
+    #: [trace] The W3C traceparent of the POST that made it ('' when tracing was off): its retries go on in that trace.
+    traceparent: str = ""
 
 
 @dataclass(frozen=True)

@@ -106,6 +106,9 @@ class Api:
     ledger_errors: tuple[type[BaseException], ...] = ()
     #: [ledger] /health's view of the ledger ({up, lagEntries, lagSeconds}); None: no ledger.
     ledger_status: Callable[[], dict[str, Any] | None] = lambda: None
+    #: [trace] Runs a request inside its server span: (request, request id, handle) -> response;
+    #: None: tracing is off (the request runs as it is).
+    trace_request: Callable[[Request, str, Callable[[], Response]], Response] | None = None
     #: [ops] The operators' view and actions (routes under /api/ops/); None: those routes answer 503.
     operations: OpsStore | None = None
     #: [ops] [ledger] location -> {lagEntries, lagSeconds}; None: no ledger.

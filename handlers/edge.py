@@ -136,7 +136,12 @@ def handle(
     token = request_id_var.set(request_id)
     try:
         try:
-            response = _handle(api, keys, head, body, limit, slots, read_slots or UploadSlots(0))
+            if api.trace_request is None:
+                response = _handle(api, keys, head, body, limit, slots, read_slots or UploadSlots(0))
+            else:  # [trace] the request's server span (adapters/tracing.py)
+                response = api.trace_request(
+                    head, request_id, lambda: _handle(api, keys, head, body, limit, slots, read_slots or UploadSlots(0)),
+                )
         except Exception as exc:
             response = answer_for(exc, path=head.path)
         return finish(head.method, response, request_id)

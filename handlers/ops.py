@@ -190,7 +190,8 @@ def get_import(api: Api, req: Request) -> Response:
     record = store.get_job(job_id) if location in store.locations() else None
     if record is None:
         raise ApiError("job.not_found")
-    payload = {"record": job_status(record), "owner": record.owner, "diagnostic": store.get_diagnostic(job_id)}
+    payload = {"record": job_status(record), "owner": record.owner, "diagnostic": store.get_diagnostic(job_id),
+               "traceparent": record.traceparent or None}
     return json_response(200, _IMPORT.dump(payload), _NO_STORE)
 
 

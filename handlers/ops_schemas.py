@@ -96,6 +96,9 @@ class OpsImportSchema(Schema):
     record = fields.Dict(required=True, metadata={"description": "The job record as GET /api/imports/{jobId} shows it."})
     owner = fields.String(required=True)
     diagnostic = fields.String(required=True, metadata={"description": "What the API never shows producers (from logs' side)."})
+    traceparent = fields.String(required=True, allow_none=True, metadata={
+        "description": "The W3C traceparent of the POST that made it (null: tracing was off): find its trace.",
+    })
 
 
 class OpsActionSchema(Schema):

@@ -11,6 +11,7 @@ import dramatiq
 import redis
 from dramatiq.brokers.redis import RedisBroker
 
+from importer.adapters import tracing
 from importer.adapters.dramatiq import private
 from importer.adapters.redis.errors import StoreUnavailable, unavailable
 from importer.adapters.redis.records import OutgoingMessage
@@ -39,7 +40,7 @@ class ImportQueue:
         self._new_id = new_id
 
     def send(self, *, job_id: str, batch_id: str, upload_id: str) -> None:
-        self.send_raw(self._body(job_id, batch_id, upload_id), self._queue_of(job_id))
+        self.send_raw(self._body(job_id, batch_id, upload_id), self._queue_of(job_id), tracing.traceparent())
 
     def _queue_of(self, job_id: str) -> str:
         """The queue of the job's location (dramatiq's Redis broker on a cluster:
@@ -54,10 +55,21 @@ class ImportQueue:
             job_id, batch_id, upload_id, version=self.settings.producer_version, request_id=self._request_id()
         )
 
-    def _message(self, body: dict[str, Any], queue_name: str) -> dramatiq.Message[Any]:
-        return dramatiq.Message(queue_name=queue_name, actor_name=ACTOR_NAME, args=(body,), kwargs={}, options={})
+    def _message(self, body: dict[str, Any], queue_name: str, traceparent: str = "") -> dramatiq.Message[Any]:
+        # [trace] the trace goes on in the worker (an option: workers that do not trace ignore it)
+        options = self._options(traceparent)
+        return dramatiq.Message(queue_name=queue_name, actor_name=ACTOR_NAME, args=(body,), kwargs={}, options=options)
 
-    def send_raw(self, body: dict[str, Any], queue_name: str | None = None) -> None:
+    def _options(self, traceparent: str) -> dict[str, str]:
+        """The message's options beyond dramatiq's: the request that sent it and (traced) its span's context.
+        Options, not the body: a worker of any contract version reads the body alike."""
+        options = {"traceparent": traceparent} if traceparent else {}
+        request_id = self._request_id()
+        if request_id is not None:
+            options["requestId"] = request_id
+        return options
+
+    def send_raw(self, body: dict[str, Any], queue_name: str | None = None, traceparent: str = "") -> None:
         """Send any body, valid or not (tests use it to send a v2 message).
 
         Any failure of the broker or of its Redis (refused, timed out, out of
@@ -67,7 +79,7 @@ class ImportQueue:
         (a blocked connection, a silent broker: adapters/dramatiq/rabbitmq.py).
         """
         try:
-            self.broker.enqueue(self._message(body, queue_name or self.settings.queue_name))
+            self.broker.enqueue(self._message(body, queue_name or self.settings.queue_name, traceparent))
         except dramatiq.errors.BrokerError as exc:  # RabbitMQ: refused, closed, not confirmed within the bound
             raise StoreUnavailable(f"broker: {type(exc).__name__}: {exc}", "broker_unreachable") from exc
         except redis.RedisError as exc:
@@ -81,7 +93,7 @@ class ImportQueue:
         the store can write the message in the script that records the job."""
         return isinstance(self.broker, RedisBroker) and self.broker.client is client
 
-    def redis_message(self, job_id: str, batch_id: str, upload_id: str) -> OutgoingMessage:
+    def redis_message(self, job_id: str, batch_id: str, upload_id: str, traceparent: str = "") -> OutgoingMessage:
         """The message exactly as ``RedisBroker.enqueue`` writes it (no delay):
         a copy with a fresh ``redis_message_id`` option, encoded by dramatiq's
         encoder, stored under that id in ``<namespace>:<queue>.msgs`` and the id
@@ -98,7 +110,7 @@ class ImportQueue:
             "actor_name": ACTOR_NAME,
             "args": [self._body(job_id, batch_id, upload_id)],
             "kwargs": {},
-            "options": {"redis_message_id": redis_message_id},
+            "options": {"redis_message_id": redis_message_id, **self._options(traceparent)},
             "message_id": self._new_id(),  # dramatiq's generate_unique_id(), without its syscall
             "message_timestamp": int(time.time() * 1000),
         }

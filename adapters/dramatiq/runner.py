@@ -13,9 +13,13 @@ import dramatiq
 from dramatiq.middleware import CurrentMessage
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
+from opentelemetry.trace import SpanKind
+
+from importer.adapters import tracing
 from importer.adapters.logs import log_event
 from importer.adapters.redis.errors import StoreUnavailable
 from importer.adapters.settings import Settings
+from importer.domain.ids import request_id_var
 from importer.domain.ports import AttemptStore
 from importer.domain.run_import import PermanentImportFailure, Settled, apply_together, run_import
 
@@ -134,7 +138,32 @@ def declare_import_actor(broker: dramatiq.Broker, runner: ImportRunner, settings
         if message is None:
             runner.run(body)
             return
-        runner.run(body, message.message_id, handover.take(message) if handover is not None else None, handover)
+        # The id of the request that sent it (a version 1 body has none: the message's option says it).
+        request_id = message.options.get("requestId") if not (isinstance(body, dict) and "requestId" in body) else None
+        token = request_id_var.set(str(request_id)) if request_id else None
+        try:
+            attempt(body, message)
+        finally:
+            if token is not None:
+                request_id_var.reset(token)
+
+    def attempt(body: dict[str, Any], message: dramatiq.Message[Any]) -> None:
+        if not tracing.on():
+            runner.run(body, message.message_id, handover.take(message) if handover is not None else None, handover)
+            return
+        # [trace] one span per delivery, the child of the context its message carries
+        attributes = {
+            "messaging.system": "dramatiq", "messaging.message.id": message.message_id,
+            "importer.job_id": str(body.get("jobId", "")) if isinstance(body, dict) else "",
+            "importer.delivery": int(message.options.get("retries", 0)) + 1,
+        }
+        with tracing.span("import attempt", SpanKind.CONSUMER, parent=str(message.options.get("traceparent", "")),
+                          attributes=attributes) as span:
+            try:
+                runner.run(body, message.message_id, handover.take(message) if handover is not None else None, handover)
+            except BaseException as exc:
+                tracing.set_error(span, getattr(exc, "code", type(exc).__name__))
+                raise
 
     declare = dramatiq.actor(
         broker=broker,

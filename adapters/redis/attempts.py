@@ -7,6 +7,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from opentelemetry.trace import SpanKind
+
+from importer.adapters import tracing
 from importer.adapters.redis.base import RedisStoreBase
 from importer.adapters.redis.errors import StoreUnavailable, store_errors
 from importer.adapters.redis.records import QueueAck, error_json, report_json, text_of
@@ -121,6 +124,15 @@ class AttemptSteps(RedisStoreBase):
         call); apply.lua emits it before 'committed', so one round trip and one
         script call per import.
         """
+        with tracing.span("apply.lua", SpanKind.CLIENT, attributes={"db.system.name": "redis", "importer.job_id": job_id}):
+            return self._validated_and_apply(
+                job_id=job_id, upload_id=upload_id, attempt=attempt, batch_id=batch_id, owner=owner, shipment=shipment,
+                token=token,
+            )
+
+    def _validated_and_apply(
+        self, *, job_id: str, upload_id: str, attempt: int, batch_id: str, owner: str, shipment: Shipment, token: str,
+    ) -> ApplyResult:
         ledger = NOT_ASKED
         for _ in range(LEDGER_ASKS):
             keys, args = self._apply_args(
@@ -153,6 +165,13 @@ class AttemptSteps(RedisStoreBase):
         a key for are made once per key (start_apply.lua)."""
         if not imports:
             return []
+        attributes = {"db.system.name": "redis", "importer.job_id": imports[0].job_id, "importer.imports": len(imports)}
+        with tracing.span("start_apply.lua", SpanKind.CLIENT, attributes=attributes):
+            return self._start_and_apply_together(imports)
+
+    def _start_and_apply_together(
+        self, imports: Sequence[OneStepImport],
+    ) -> list[tuple[StartOutcome, ApplyResult | None]]:
         outcomes: list[tuple[StartOutcome, ApplyResult | None] | None] = [None] * len(imports)
         words: dict[str, tuple[str, str, str]] = {}
         pending = list(range(len(imports)))

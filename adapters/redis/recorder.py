@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from opentelemetry.trace import SpanKind
+
+from importer.adapters import tracing
 from importer.adapters.redis.base import RedisStoreBase
 from importer.adapters.redis.client import ThreadConnections
 from importer.adapters.redis.errors import store_errors
@@ -50,12 +53,16 @@ class JobRecorder(RedisStoreBase):
             job_id, batch_id, owner, content_sha256, upload_id, now, csv, s.events_maxlen, s.producer_version,
             rate_limit, window_ms * 2, raw_sha256, *(stored_content or ("", "")), "1" if ledger_asked else "",
         ]
-        if self.messages is not None:  # the location's queue: in its slot on a cluster (LocationQueues)
-            message = self.messages(job_id, batch_id, upload_id)
-            keys += [message.queue_key, message.messages_key, k.deadline]
-            args += [message.redis_message_id, message.data, int(s.waiting_grace_s * 1000)]
-        with store_errors():
-            reply = self._script_shared("enqueue", keys=keys, args=args)
+        with tracing.span("enqueue.lua", SpanKind.CLIENT, attributes={"db.system.name": "redis", "importer.job_id": job_id}):
+            parent = tracing.traceparent()  # [trace] '' when off
+            if self.messages is not None:  # the location's queue: in its slot on a cluster (LocationQueues)
+                message = self.messages(job_id, batch_id, upload_id, parent)
+                keys += [message.queue_key, message.messages_key, k.deadline]
+                args += [message.redis_message_id, message.data, int(s.waiting_grace_s * 1000), parent]
+            elif parent:
+                args += ["", "", "", parent]
+            with store_errors():
+                reply = self._script_shared("enqueue", keys=keys, args=args)
         kind = text_of(reply[0])
         if kind in ("created", "exists"):
             self._replicated(k)
@@ -131,11 +138,14 @@ class JobRecorder(RedisStoreBase):
                 return RetryOutcome(
                     "no_worker", producer_version=refused.producer_version, workers_accept=refused.workers_accept,
                 )
-        message = self.messages(job_id, batch_id, upload_id) if self.messages is not None else None
+        message = None
         for _ in range(3):
             with store_errors():
-                current = self.client.hget(k.job(job_id), "uploadId")
+                current, stored_trace = self.client.hmget(k.job(job_id), ["uploadId", "traceparent"])
             current_upload = text_of(current) if current is not None else ""
+            if self.messages is not None and message is None:
+                # [trace] the import's own trace goes on: its new attempts are spans of the first POST's trace
+                message = self.messages(job_id, batch_id, upload_id, text_of(stored_trace) if stored_trace else tracing.traceparent())
             keys = [
                 k.job(job_id), k.upload(upload_id), k.failed, k.failed_of(owner), k.waiting, k.unsent, k.events,
                 k.deadline, k.workers, k.workers_accepts, k.workers_accepting(s.producer_version),

@@ -108,6 +108,7 @@ def job_record(raw: dict[Any, Any]) -> JobRecord:
         content_sha256=text_of(f.get("contentSha256")),
         upload_id=text_of(f.get("uploadId")),
         retries=int(f.get("retries") or 0),
+        traceparent=text_of(f.get("traceparent")),
     )
 
 
@@ -149,7 +150,7 @@ class OutgoingMessage:
 
 
 #: (jobId, batchId, uploadId) -> the message to write with the job record.
-MessageWriter = Callable[[str, str, str], OutgoingMessage]
+MessageWriter = Callable[[str, str, str, str], OutgoingMessage]  # jobId, batchId, uploadId, traceparent ('': none)
 
 
 @dataclass(frozen=True)

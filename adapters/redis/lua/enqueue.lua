@@ -40,6 +40,8 @@
 --   the job gets the deadline of a sent message (now + grace), as
 --   RedisStore.mark_sent gives it, for the reconciler.
 --   Without them the job goes into P:jobs:unsent until the caller marks it sent.
+-- ARGV[19] [trace] the W3C traceparent of the producer's span, kept in the record
+--   ('traceparent'; retries carry it on); absent or '' when tracing is off
 --
 -- Returns {'created', sent (1|0)} | {'exists', state} | {'conflict', reason}
 --   | {'paused'} [ops] (before anything, the rate token included) | {'no_worker', '1,3'} | {'rate_limited'} | {'content_needed', uploadId}
@@ -118,6 +120,7 @@ redis.call('HSET', job_key,
 redis.call('SET', upload_key, ARGV[7])
 redis.call('ZADD', KEYS[5], ARGV[6], job_id)
 redis.call('ZADD', KEYS[7], ARGV[6], job_id)  -- [console] GET /api/imports
+if ARGV[19] and ARGV[19] ~= '' then redis.call('HSET', job_key, 'traceparent', ARGV[19]) end  -- [trace]
 emit(KEYS[6], KEYS[12], ARGV[8], 'waiting', job_id, batch_id, 0, '{}')
 local queue_key, messages_key = KEYS[15], KEYS[16]
 local message_id, message_data = ARGV[16], ARGV[17]
