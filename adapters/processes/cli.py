@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     k.add_argument(
         "--scopes", metavar="SCOPE,SCOPE",
-        help="extra rights of this key, comma-separated: stock:read (stock levels and every owner's stock movements)",
+        help="extra rights of this key, comma-separated: stock:read (stock levels and every owner's stock movements), "
+             "ops (the operators' routes /api/ops/ and the page /ops)",
     )
     k.set_defaults(func=operator.cmd_keys_create)
 

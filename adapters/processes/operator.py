@@ -44,7 +44,7 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
         return 2
     key = new_key()
     where = f" at {', '.join(locations)} only" if locations else ""
-    reads = " (may read stock and every owner's stock movements)" if scopes else ""
+    reads = f" (with the scopes {', '.join(scopes)}: see docs/security.md)" if scopes else ""
     print(f"API key for {args.owner}{where}{reads} (shown once, give it to the producer):\n  {key}")
     line = key_line(args.owner, hash_key(key), locations, scopes)
     print(f"Line for IMPORTER_API_KEYS_FILE (the server keeps only this hash):\n  {line}")
