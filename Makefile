@@ -6,15 +6,26 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run demo test test-browser unit integration faults openapi bench clean typecheck
+.PHONY: run demo test test-browser unit integration faults openapi bench clean typecheck lock
 
 # The installer's own chatter goes to $(VENV)/install.log, shown only when it fails.
-$(STAMP): pyproject.toml
+# Every package, transitive ones included, comes from requirements.lock at the
+# version and with the hashes it names (`make lock` refreshes it); then Importer itself.
+$(STAMP): pyproject.toml requirements.lock
 	@echo "installing into $(VENV) (log: $(VENV)/install.log)"
 	$(PYTHON) -m venv $(VENV)
 	@$(BIN)/pip install --quiet --upgrade pip > $(VENV)/install.log 2>&1 || (cat $(VENV)/install.log; exit 1)
-	@$(BIN)/pip install --quiet -e '.[test]' >> $(VENV)/install.log 2>&1 || (cat $(VENV)/install.log; exit 1)
+	@$(BIN)/pip install --quiet --require-hashes -r requirements.lock >> $(VENV)/install.log 2>&1 || (cat $(VENV)/install.log; exit 1)
+	@$(BIN)/pip install --quiet --no-deps -e . >> $(VENV)/install.log 2>&1 || (cat $(VENV)/install.log; exit 1)
 	touch $(STAMP)
+
+# Refresh requirements.lock from pyproject.toml's pins (with the test and otel extras), with
+# uv in a venv of its own; commit it with the test run it passed.
+UV_VERSION := 0.9.17
+lock:
+	$(PYTHON) -m venv $(VENV)-lock && $(VENV)-lock/bin/pip install --quiet uv==$(UV_VERSION)
+	$(VENV)-lock/bin/uv pip compile pyproject.toml --extra test --extra otel --generate-hashes --universal \
+	  --python-version 3.11 --quiet -o requirements.lock
 
 run: $(STAMP)
 	$(BIN)/importer dev
@@ -76,4 +87,4 @@ bench-quick: $(STAMP)
 	$(BIN)/python -m bench.suite --quick
 
 clean:
-	rm -rf $(VENV) .importer-data .pytest_cache .hypothesis test-artifacts
+	rm -rf $(VENV) $(VENV)-lock .importer-data .pytest_cache .hypothesis test-artifacts
