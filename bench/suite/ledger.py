@@ -112,7 +112,8 @@ def _settled_memory(client: redis.Redis, prefix: str, ledger_on: bool) -> int:
     return int(client.info("memory")["used_memory"]) - int(client.memory_usage(f"{prefix}stock") or 0)
 
 
-def one_round(n: int, ledger_on: bool, work: Path) -> dict[str, Any]:
+def one_round(n: int, ledger_on: bool, work: Path, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """``extra_env``: more settings for the round's processes (bench/studies/tracing.py: tracing on)."""
     prefix = "{bench}:"
     procs: list[subprocess.Popen[bytes]] = []
     out: dict[str, Any] = {"ledger": ledger_on}
@@ -120,6 +121,7 @@ def one_round(n: int, ledger_on: bool, work: Path) -> dict[str, Any]:
         try:
             out["memory_before"] = int(client.info("memory")["used_memory"])
             preenqueue_importer(url, env, n, "drain", csv_3rows)
+            env.update(extra_env or {})  # the processes' (the producer above runs in this process)
             if ledger_on:
                 procs.append(_spawn(["ledger"], env, work / "ledger.log"))
             lags: list[tuple[int, float]] = []
@@ -206,7 +208,7 @@ def memory_round(small: int, large: int, ledger_on: bool, work: Path) -> dict[st
     return out
 
 
-def http_round(ledger_on: bool, work: Path, seconds: int) -> dict[str, float] | None:
+def http_round(ledger_on: bool, work: Path, seconds: int, extra_env: dict[str, str] | None = None) -> dict[str, float] | None:
     """wrk POSTing unique 3-row batches to `importer serve` (its defaults) with a worker
     draining, the ledger's exporter running (on) or not: req/s and p99. None without wrk."""
     wrk = shutil.which("wrk")
@@ -225,7 +227,7 @@ def http_round(ledger_on: bool, work: Path, seconds: int) -> dict[str, float] | 
     env = _env(url, db, "{benchhttp}:")
     env.update(IMPORTER_API_KEYS=f"bench:{hash_key(key)}", IMPORTER_KEEP_COMPLETED_AGE="3600",
                IMPORTER_KEEP_COMPLETED_COUNT="100", IMPORTER_LEDGER_HOT_WINDOW="3600",
-               IMPORTER_IDEMPOTENCY_HORIZON="604800")
+               IMPORTER_IDEMPOTENCY_HORIZON="604800", **(extra_env or {}))
     port = free_port()
     procs = [_spawn(["worker"], env, work / "worker.log"), _spawn(["serve", "--bind", f"127.0.0.1:{port}"], env, work / "http.log")]
     if ledger_on:
