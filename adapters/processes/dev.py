@@ -284,7 +284,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
         key = dev.api_key
         if not dev.api_keys_given:
             key = dev_key(folder, new_key)  # the same on every start with this folder
-            overrides["IMPORTER_API_KEYS"] = f"local:{hash_key(key)}"
+            # One person is producer, stock reader and operator of a local system: every scope.
+            overrides["IMPORTER_API_KEYS"] = f"local:{hash_key(key)} scopes=stock:read|ops"
         metrics_token = dev.metrics_token or secrets.token_urlsafe(16)
         overrides["IMPORTER_METRICS_TOKEN"] = metrics_token
         env = child_env(overrides)
@@ -315,7 +316,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
             rc = 1
         else:
             print(f"dev: HTTP on {url} (GET {url}/health, {url}/openapi.yaml), worker running", flush=True)
-            print(f"dev: console: open {url}/ in a browser and paste the API key", flush=True)
+            print(f"dev: console: open {url}/ in a browser and paste the API key "
+                  f"(operators' page: {url}/ops, the same key)", flush=True)
             if key:
                 print(f"dev: API key: {key}", flush=True)
                 print(

@@ -245,6 +245,10 @@ def test_the_dev_key_survives_a_restart_and_the_cli_beside_it_finds_its_store(tm
         assert _ready_key(out) == key
         status, _ = http_json("GET", f"http://127.0.0.1:{port}/api/imports", key)
         assert status == 200
+        # the local key is the operator's too: the page it prints, and its API
+        assert f"http://127.0.0.1:{port}/ops" in out.read_text()
+        status, overview = http_json("GET", f"http://127.0.0.1:{port}/api/ops/overview", key)
+        assert status == 200 and [row["location"] for row in overview["locations"]] == ["main"], overview
         assert _ctrl_c(dev) == 0, out.read_text()
         # no dev running: the CLI says what to set, in one line
         doctor = cli("doctor")
