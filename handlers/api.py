@@ -29,7 +29,7 @@ from importer.domain.ports import JobStore, MessageSender
 from importer.domain.retry_import import retry_refusal
 from importer.domain.locations import LOCATION_PATTERN, MAIN, is_valid_location, location_of_job
 from importer.domain.shipment import BATCH_ID_PATTERN, is_valid_batch_id
-from importer.domain.submit_import import submit_import
+from importer.domain.submit_import import Accepted, submit_import
 from importer.handlers.answers import RETRY_AFTER_UNAVAILABLE_S, retry_after
 from importer.handlers.auth import bearer_token
 from importer.handlers.event_stream import EventStreams
@@ -173,21 +173,36 @@ def _content_type(req: Request) -> str:
     return req.headers.get("content-type", "").split(";")[0].strip().lower()
 
 
+def json_of(req: Request, raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):  # RecursionError: '[' nested thousands deep
+        raise ApiError("request.bad_json", instance=req.path) from None
+
+
+def enqueue_request_of(api: Api, req: Request, data: Any) -> tuple[str, bytes, str]:
+    """(batchId, CSV bytes, location) of one JSON shipment ``{batchId, csv, location?}``: a POST's
+    JSON body, or one shipment of a bulk request (handlers/bulk.py)."""
+    try:
+        loaded = _ENQUEUE_REQUEST.load(data if isinstance(data, dict) else {"_": data})
+    except ValidationError as err:
+        raise ApiError("request.invalid", instance=req.path, extra={"fields": _field_errors(err)}) from None
+    if "batchId" in req.query and req.query["batchId"] != loaded["batchId"]:
+        raise ApiError("request.invalid", instance=req.path, extra={"fields": {"batchId": ["The query batchId differs from the body's."]}})
+    return loaded["batchId"], loaded["csv"].encode(), request_location(api, req, loaded.get("location"))
+
+
+def accepted_body(accepted: Accepted, location: str) -> dict[str, str]:
+    """A 202's body (JobAcceptedSchema's strings, as its dump() gives them: tests/unit/test_http_handlers.py
+    holds the two to the same bytes), without the schema machinery on every POST."""
+    return {"jobId": accepted.job_id, "batchId": accepted.batch_id, "location": location, "state": accepted.state}
+
+
 def _read_enqueue_body(api: Api, req: Request) -> tuple[str, bytes, str]:
     """(batchId, CSV bytes, location) from a JSON body or a raw text/csv body with ?batchId= (and ?location=)."""
     content_type = _content_type(req)
     if content_type == "application/json":
-        try:
-            data = json.loads(req.body)
-        except (ValueError, RecursionError):  # RecursionError: '[' nested thousands deep
-            raise ApiError("request.bad_json", instance=req.path) from None
-        try:
-            loaded = _ENQUEUE_REQUEST.load(data if isinstance(data, dict) else {"_": data})
-        except ValidationError as err:
-            raise ApiError("request.invalid", instance=req.path, extra={"fields": _field_errors(err)}) from None
-        if "batchId" in req.query and req.query["batchId"] != loaded["batchId"]:
-            raise ApiError("request.invalid", instance=req.path, extra={"fields": {"batchId": ["The query batchId differs from the body's."]}})
-        return loaded["batchId"], loaded["csv"].encode(), request_location(api, req, loaded.get("location"))
+        return enqueue_request_of(api, req, json_of(req, req.body))
     if content_type in _CSV_TYPES:
         batch_id = req.query.get("batchId", "")
         if not is_valid_batch_id(batch_id):
@@ -261,10 +276,7 @@ def enqueue(api: Api, req: Request) -> Response:
         upload_id=api.uuidgen(), max_rows=api.max_rows, rate_token=rate_token_with_enqueue(req), location=location,
         archive=api.archive,
     )
-    # JobAcceptedSchema's strings, as its dump() gives them (tests/unit/test_http_handlers.py
-    # holds the two to the same bytes), without the schema machinery on every POST.
-    body = {"jobId": accepted.job_id, "batchId": accepted.batch_id, "location": location, "state": accepted.state}
-    return json_response(202, body, (("Location", f"/api/imports/{accepted.job_id}"),))
+    return json_response(202, accepted_body(accepted, location), (("Location", f"/api/imports/{accepted.job_id}"),))
 
 
 def get_import(api: Api, req: Request) -> Response:

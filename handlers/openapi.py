@@ -37,6 +37,8 @@ _SCHEMAS = {
     "Receipt": schemas.ReceiptSchema,
     "Health": schemas.HealthSchema,
     "Problem": schemas.ProblemSchema,
+    "BulkRequest": schemas.BulkRequestSchema,
+    "BulkResults": schemas.BulkResultsSchema,
     **{name.removesuffix("Schema"): schema for name, schema in vars(ops_schemas).items()
        if name.startswith("Ops") and name.endswith("Schema")},
 }

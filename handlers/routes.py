@@ -13,7 +13,7 @@ from typing import Any
 
 from importer.domain.shipment import BATCH_ID_PATTERN
 from importer.handlers import api as h
-from importer.handlers import console, history, my_imports, ops, receipts, rejections
+from importer.handlers import bulk, console, history, my_imports, ops, receipts, rejections
 from importer.handlers.schemas import LOCATION_PARAMETER
 from importer.handlers.answers import answer_for
 from importer.handlers.auth import KeyRing, bearer_token
@@ -108,6 +108,7 @@ ROUTES: tuple[Route, ...] = (
             "and waits"
         ),
     }, before_body=(h.refuse_forbidden_location, h.take_rate_token)),
+    Route(**bulk.ROUTE_SPEC),
     Route("GET", "/api/imports", my_imports.list_imports, {
         "operationId": "listImports",
         "summary": "List your own imports, newest first",
@@ -331,6 +332,9 @@ ROUTES: tuple[Route, ...] = (
 )
 
 
+_LITERAL_PATHS = frozenset(route.template for route in ROUTES if "{" not in route.template)
+
+
 @dataclass(frozen=True)
 class Resolved:
     """A request matched to its route, its owner authenticated; what the edge
@@ -389,8 +393,8 @@ def _route(keys: KeyRing, req: Request) -> tuple[Route, Request] | Response:
     allowed: list[str] = []
     for route in ROUTES:
         match = route.pattern.fullmatch(req.path)
-        if match is None:
-            continue
+        if match is None or (match.groupdict() and req.path in _LITERAL_PATHS):
+            continue  # a literal path (/api/imports/bulk) is never a parameter's value
         if route.method != req.method and not (req.method == "HEAD" and route.method == "GET"):
             allowed.append(route.method)
             if route.method == "GET":
@@ -412,8 +416,4 @@ def _route(keys: KeyRing, req: Request) -> tuple[Route, Request] | Response:
 
 
 def _is_text(value: str) -> bool:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    return not any("\ud800" <= ch <= "\udfff" for ch in value)  # a lone surrogate is not text (UTF-8 cannot encode it)

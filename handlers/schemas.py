@@ -307,6 +307,23 @@ class HealthSchema(Schema):
     })
 
 
+class BulkRequestSchema(Schema):
+    shipments = fields.List(fields.Nested(EnqueueRequestSchema), required=True, validate=validate.Length(min=1, max=1000),
+                            metadata={"description": "The shipments, each as POST /api/imports takes it."})
+
+
+class BulkResultSchema(Schema):
+    status = fields.Integer(required=True, metadata={"description": "The status a single POST of this line would get (202, 409...)."})
+    body = fields.Dict(required=True, metadata={
+        "description": "The body that POST would get: a JobAccepted with 202, else a Problem.",
+    })
+    retryAfter = fields.Integer(metadata={"description": "Seconds to wait, when that answer had a Retry-After (429, 503)."})
+
+
+class BulkResultsSchema(Schema):
+    results = fields.List(fields.Nested(BulkResultSchema), required=True, metadata={"description": "One per line, in order."})
+
+
 class ProblemSchema(Schema):
     """RFC 9457 problem details, with a stable ``code``."""
 

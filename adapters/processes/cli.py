@@ -105,9 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     # -- the HTTP client (client) ----------------------------------------------
     url_help = "the API's base URL (default: IMPORTER_URL, else http://127.0.0.1:8080)"
-    p = sub.add_parser("submit", help="send a CSV file over the HTTP API (key from IMPORTER_API_KEY)")
-    p.add_argument("file")
-    p.add_argument("--batch-id", required=True)
+    p = sub.add_parser("submit", help="send CSV files over the HTTP API (key from IMPORTER_API_KEY); several in bulk")
+    p.add_argument("files", nargs="+", metavar="FILE", help="a CSV file, several, or folders of .csv files (sent in bulk)")
+    p.add_argument("--batch-id", default=None, help="the batchId of a single file (default: its name without .csv)")
     p.add_argument("--location", default=None, help="the stock location (default: the server's, main)")
     p.add_argument("--url", default=None, help=url_help)
     p.add_argument("--wait", action="store_true", help="follow the import until it completes or fails")

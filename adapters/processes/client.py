@@ -265,14 +265,27 @@ def follow(url: str, key: str, job_id: str, *, timeout: float, interval: float =
         time.sleep(interval)
 
 
+#: A bulk request's shipments and bytes at most, as the client sends them (the server's bounds: handlers/bulk.py).
+BULK_LINES = 1000
+BULK_BYTES = 8 * 1024 * 1024
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
+    """One file under --batch-id (or its name); several files, or folders of .csv files, in bulk requests."""
     url, key = _target(args)
+    paths = [p for given in args.files for p in (sorted(Path(given).glob("*.csv")) if Path(given).is_dir() else [Path(given)])]
+    if len(args.files) > 1 or Path(args.files[0]).is_dir():
+        if args.batch_id:
+            print("importer: --batch-id names one file's shipment; several are named after their files", file=sys.stderr)
+            return 2
+        return _submit_bulk(args, url, key, paths)
     try:
-        data = Path(args.file).read_bytes()
+        data = paths[0].read_bytes()
     except OSError as err:
-        print(f"importer: cannot read {args.file}: {err.strerror}", file=sys.stderr)
+        print(f"importer: cannot read {args.files[0]}: {err.strerror}", file=sys.stderr)
         return 2
-    query = urllib.parse.urlencode({"batchId": args.batch_id, **({"location": args.location} if args.location else {})})
+    batch_id = args.batch_id or paths[0].stem
+    query = urllib.parse.urlencode({"batchId": batch_id, **({"location": args.location} if args.location else {})})
     body = _accepted(url, f"{url}/api/imports?{query}", key, data, "text/csv")
     if isinstance(body, int):
         return body
@@ -281,6 +294,49 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if not args.wait:
         return 0
     return follow(url, key, body["jobId"], timeout=args.timeout)
+
+
+def _submit_bulk(args: argparse.Namespace, url: str, key: str, paths: list[Path]) -> int:
+    """POST /api/imports/bulk, as many requests as the bounds need: each file's batchId is its name."""
+    lines: list[bytes] = []
+    for path in paths:
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            print(f"importer: cannot read {path}: {getattr(err, 'strerror', None) or err}", file=sys.stderr)
+            return 2
+        item = {"batchId": path.stem, "csv": text, **({"location": args.location} if args.location else {})}
+        lines.append(json.dumps(item).encode())
+    accepted: list[str] = []
+    refused = 0
+    while lines:
+        size, take = 0, 0
+        while take < len(lines) and take < BULK_LINES and (take == 0 or size + len(lines[take]) + 1 <= BULK_BYTES):
+            size += len(lines[take]) + 1
+            take += 1
+        chunk, lines = lines[:take], lines[take:]
+        try:
+            status, body = http_json("POST", f"{url}/api/imports/bulk", key, b"\n".join(chunk) + b"\n", "application/x-ndjson")
+        except (OSError, ValueError, http.client.HTTPException) as err:
+            print(f"importer: cannot reach {url}: {err}", file=sys.stderr)
+            return 2
+        if status != 200:
+            print(f"refused: {_describe_problem(status, body)}", file=sys.stderr)
+            return 1
+        for raw, result in zip(chunk, body["results"]):
+            batch_id = json.loads(raw)["batchId"]
+            if result["status"] == 202:
+                job = result["body"]
+                print(f"accepted {job['jobId']} (batch {job['batchId']}, {job['state']})", flush=True)
+                accepted.append(job["jobId"])
+            else:
+                refused += 1
+                print(f"refused {batch_id}: {_describe_problem(result['status'], result['body'])}", file=sys.stderr)
+    worst = 1 if refused else 0
+    if args.wait:
+        for job_id in accepted:
+            worst = max(worst, follow(url, key, job_id, timeout=args.timeout))
+    return worst
 
 
 def _accepted(url: str, target: str, key: str | None, data: bytes | None = None, ctype: str = "") -> Any:

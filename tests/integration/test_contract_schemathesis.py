@@ -3,6 +3,7 @@ openapi.yaml, and its ignored_auth check passes."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -36,6 +37,7 @@ def test_schemathesis_finds_no_failure(make_system: object, make_database: objec
             "--no-color",
         ],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
+        env={**os.environ, "SCHEMATHESIS_HOOKS": "tests.integration.schemathesis_hooks"},
     )
     report = out.stdout[-8000:] + out.stderr[-2000:]
     assert out.returncode == 0, report

@@ -207,3 +207,21 @@ def test_the_generated_client_reads_the_history_from_the_ledger(make_system: Any
         refused = get_stock.sync_detailed(client=client)
         assert refused.status_code == 403 and isinstance(refused.parsed, Problem)
         assert refused.parsed.code == "auth.scope_required"
+
+
+def test_the_generated_client_sends_shipments_in_bulk(system: System, importer_client: Any) -> None:
+    """POST /api/imports/bulk's JSON form ({"shipments": [...]}), typed by the generated client."""
+    from importer_client.api.default import enqueue_imports_bulk  # type: ignore[import-not-found]
+    from importer_client.models import BulkRequest, BulkResults, EnqueueRequest  # type: ignore[import-not-found]
+
+    with importer_client.AuthenticatedClient(base_url=system.base_url, token=system.api_key) as client:
+        answer = enqueue_imports_bulk.sync(client=client, body=BulkRequest(shipments=[
+            EnqueueRequest(batch_id="gen-bulk-1", csv=SEED), EnqueueRequest(batch_id="gen-bulk-2", csv=SEED),
+            EnqueueRequest(batch_id="gen-bulk-1", csv="sku,quantity\nOTHER-1,1\n"),
+        ]))
+        assert isinstance(answer, BulkResults)
+        assert [r.status for r in answer.results] == [202, 202, 409]
+        assert answer.results[0].body["jobId"] == "shipment-gen-bulk-1"
+        assert answer.results[2].body["code"] == "batch.conflict"
+    for job in ("shipment-gen-bulk-1", "shipment-gen-bulk-2"):
+        assert system.wait_state(job, ("completed",))["state"] == "completed"

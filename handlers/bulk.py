@@ -1,0 +1,121 @@
+"""POST /api/imports/bulk: many shipments in one authenticated request.
+
+The body is NDJSON (``application/x-ndjson``): one JSON object per line, each
+the body a single ``POST /api/imports`` takes (``{batchId, csv, location?}``);
+or JSON ``{"shipments": [...]}`` of the same objects (what generated clients send).
+The answer is ``200 {"results": [...]}``, one entry per line, in order, each
+``{status, body}``: exactly the status and body a single POST of that line
+would get (``202`` and its job, the same job again, ``409 batch.conflict``,
+``404 location.not_found``, ``429 request.rate_limited``...), with
+``retryAfter`` when that answer has a Retry-After. Every rule of the single
+POST holds per shipment: the key's locations, the declared ones, the rate
+limit (one token per shipment), the contract door, the upload size. One bad
+line never blocks the others.
+
+Bounds: at most :data:`MAX_SHIPMENTS` lines, and the whole body within
+``IMPORTER_MAX_UPLOAD_BYTES`` (the cut-body proof, ``Content-Length`` or
+``Content-Digest``, is the whole request's, as for any POST). Once the store
+does not answer, the lines after it are answered ``503`` without being tried
+(nothing of them was recorded), so a bulk never waits out the store's timeout
+once per line. A client that lost the answer sends the same body again: every
+shipment is recorded once (a line already recorded answers its job again).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+from importer.domain.submit_import import submit_import
+from importer.handlers.answers import answer_for
+from importer.handlers.api import Api, _content_type, accepted_body, enqueue_request_of, json_of
+from importer.handlers.http import Request, Response, json_response
+from importer.handlers.problems import ApiError
+
+#: Shipments per bulk request at most.
+MAX_SHIPMENTS = 1000
+NDJSON = "application/x-ndjson"
+
+
+def enqueue_bulk(api: Api, req: Request) -> Response:
+    content_type = _content_type(req)
+    shipments: list[Any]
+    if content_type == NDJSON:
+        shipments = [line for line in req.body.split(b"\n") if line.strip()]
+    elif content_type == "application/json":
+        data = json_of(req, req.body)
+        listed = data.get("shipments") if isinstance(data, dict) and len(data) == 1 else None
+        if not isinstance(listed, list):
+            raise ApiError("request.invalid", instance=req.path, extra={"fields": {"shipments": [
+                "A JSON body is {\"shipments\": [{batchId, csv, location?}, ...]} and nothing else."]}})
+        shipments = listed
+    else:
+        raise ApiError("request.unsupported_media_type", instance=req.path)
+    if not 1 <= len(shipments) <= MAX_SHIPMENTS:
+        raise ApiError("request.invalid", instance=req.path, extra={"fields": {"body": [
+            f"From 1 to {MAX_SHIPMENTS} shipments per request, each {{batchId, csv, location?}}."
+        ]}})
+    results: list[dict[str, Any]] = []
+    store_down: dict[str, Any] | None = None
+    single = replace(req, path="/api/imports")  # each line's answer is the single POST's, its instance too
+    for shipment in shipments:
+        entry = store_down or _one(api, single, shipment)
+        if entry["status"] == 503 and entry["body"].get("code") == "service.unavailable":
+            store_down = entry  # the store does not answer: the rest are not tried
+        results.append(entry)
+    return json_response(200, {"results": results}, (("Cache-Control", "no-store"),))
+
+
+def _one(api: Api, req: Request, shipment: Any) -> dict[str, Any]:
+    """One shipment's answer (an NDJSON line, or an item of the JSON list), as a single POST of it would get."""
+    try:
+        data = json_of(req, shipment) if isinstance(shipment, bytes) else shipment
+        batch_id, csv, location = enqueue_request_of(api, req, data)
+        if req.principal is not None:
+            req.principal.require(location)  # 404 location.not_found, before anything is recorded
+        if len(csv) > api.max_upload_bytes:
+            raise ApiError("request.too_large", instance=req.path)
+        accepted = submit_import(
+            api.store, api.sender, owner=req.owner or "", batch_id=batch_id, csv=csv, upload_id=api.uuidgen(),
+            max_rows=api.max_rows, rate_token=True, location=location, archive=api.archive,
+        )
+    except Exception as exc:
+        answer = answer_for(exc, path=req.path, unavailable=api.unavailable_errors, on_store_error=api.on_store_error)
+        entry: dict[str, Any] = {"status": answer.status, "body": json.loads(answer.body)}
+        wait = dict(answer.headers).get("Retry-After")
+        if wait is not None and wait.isdigit():
+            entry["retryAfter"] = int(wait)
+        return entry
+    return {"status": 202, "body": accepted_body(accepted, location)}
+
+
+ROUTE_SPEC: dict[str, Any] = dict(method="POST", template="/api/imports/bulk", handler=enqueue_bulk, operation={
+    "operationId": "enqueueImportsBulk",
+    "summary": "Send many CSV shipments in one request, each applied to stock exactly once",
+    "description": (
+        "NDJSON: one JSON object per line, each the body POST /api/imports takes ({batchId, csv, location?}), "
+        "or JSON {\"shipments\": [...]} of the same objects; "
+        f"from 1 to {MAX_SHIPMENTS} lines, the whole body within the upload byte limit. The answer gives each line, "
+        "in order, the status and body a single POST of it would get (202 with its job, or the problem), with "
+        "retryAfter when that answer has one. Every rule of the single POST holds per shipment (rate limit: one "
+        "token each). Once the store does not answer, the lines after it are 503 without being tried. Sending the "
+        "same body again is safe: each shipment is recorded once."
+    ),
+    "requestBody": {"required": True, "content": {"application/json": {"schema": "BulkRequest"}, NDJSON: {"schema": {
+        "type": "array", "items": {"$ref": "#/components/schemas/EnqueueRequest"}, "minItems": 1, "maxItems": MAX_SHIPMENTS,
+        "description": "Sent as NDJSON: each item one line.",
+    }, "example": (
+        '{"batchId": "acme-001", "csv": "sku,quantity\\nWIDGET-RED-01,10\\n"}\n'
+        '{"batchId": "acme-002", "csv": "sku,quantity\\nGADGET-BLU-02,5\\n", "location": "paris"}\n'
+    )}}},
+    "responses": {"200": {"description": "One result per line, in order.",
+                          "content": {"application/json": {"schema": "BulkResults"}}}},
+}, errors=(
+    "auth.required", "auth.invalid", "service.unavailable", "request.invalid", "request.unsupported_media_type",
+    "request.incomplete", "request.bad_digest", "request.digest_mismatch", "request.length_required",
+    "request.too_large", "request.timeout", "service.busy",
+), error_notes={
+    "request.invalid": f"The body is not 1 to {MAX_SHIPMENTS} lines (a line's own problems are in its result)",
+    "request.too_large": "The whole body is larger than the upload byte limit: split it",
+})

@@ -1,0 +1,126 @@
+"""POST /api/imports/bulk through the real processes: each line gets what a
+single POST of it would get, in order; every rule holds per shipment (the
+key's locations, declared locations, the rate limit, the size); one bad line
+never blocks the others; the same body sent again records nothing twice;
+`importer submit` sends a folder with it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from importer.handlers.auth import hash_key, new_key
+from tests.integration.support import ROOT, System
+
+pytestmark = pytest.mark.integration
+
+
+def line(batch: str, rows: dict[str, int], location: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"batchId": batch, "csv": "sku,quantity\n" + "".join(f"{s},{q}\n" for s, q in rows.items())}
+    if location:
+        body["location"] = location
+    return body
+
+
+def bulk(system: System, lines: list[Any], key: str | None = None) -> tuple[int, Any]:
+    raw = b"".join((json.dumps(item) if not isinstance(item, bytes) else item.decode()).encode() + b"\n" for item in lines)
+    status, _, body = system.request("POST", "/api/imports/bulk", body=raw, ctype="application/x-ndjson",
+                                     key=key or system.api_key)
+    return status, json.loads(body)
+
+
+def single(system: System, item: dict[str, Any], key: str | None = None) -> tuple[int, Any]:
+    status, _, body = system.request("POST", "/api/imports", body=json.dumps(item).encode(), ctype="application/json",
+                                     key=key or system.api_key)
+    return status, json.loads(body)
+
+
+def test_each_line_gets_what_a_single_post_would_and_nothing_applies_twice(make_system: Any) -> None:
+    system: System = make_system()
+    paris_only = new_key()
+    system.env_overrides["IMPORTER_API_KEYS"] = (
+        f"owner-a:{hash_key(system.api_key)},owner-b:{hash_key(system.other_key)},"
+        f"paris-desk:{hash_key(paris_only)} locations=paris"
+    )
+    system.start_http()
+    system.start_worker()
+    assert single(system, line("b-taken", {"X-1": 1}), key=system.other_key)[0] == 202
+    lines: list[Any] = [
+        line("b-1", {"BULK-A": 1, "BULK-B": 2}),
+        line("b-2", {"BULK-A": 10}, "paris"),
+        line("b-taken", {"X-1": 1}),                # another producer's batchId
+        line("b-1", {"BULK-A": 1, "BULK-B": 2}),    # the same line again in one bulk: the same job
+        line("b-far", {"BULK-A": 1}, "atlantis"),   # no operator declared it
+        {"batchId": "bad id", "csv": "sku,quantity\nA,1\n"},
+        b"{not json",
+        line("b-3", {"BULK-C": 3}),
+    ]
+    status, answer = bulk(system, lines)
+    assert status == 200
+    got = [(r["status"], r["body"].get("code") or r["body"]["jobId"]) for r in answer["results"]]
+    assert got == [
+        (202, "shipment-b-1"), (202, "shipment-b-2@paris"), (409, "batch.conflict"), (202, "shipment-b-1"),
+        (404, "location.not_found"), (422, "request.invalid"), (400, "request.bad_json"), (202, "shipment-b-3"),
+    ]
+    # Exactly a single POST's bodies (a known job's 202, a refusal's problem); a job's state may have moved on.
+    def same(body: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in body.items() if k != "state"}
+
+    for item, result in zip(lines, answer["results"]):
+        if isinstance(item, dict) and item["batchId"] != "bad id":
+            status, body = single(system, item)
+            assert (status, same(body)) == (result["status"], same(result["body"])), item
+    for job in ("shipment-b-1", "shipment-b-2@paris", "shipment-b-3"):
+        assert system.wait_state(job, ("completed",))["state"] == "completed"
+
+    # Sent again whole (a client that lost the answer): every shipment once.
+    again = bulk(system, lines)[1]["results"]
+    assert [r["status"] for r in again] == [r["status"] for r in answer["results"]]
+    store = system.store()
+    assert store.stock_of(["BULK-A", "BULK-B", "BULK-C"]) == {"BULK-A": 1, "BULK-B": 2, "BULK-C": 3}
+    assert store.stock_of(["BULK-A"], location="paris") == {"BULK-A": 10}
+
+    # A key for paris only: its lines elsewhere are refused, its paris line taken.
+    results = bulk(system, [line("p-1", {"P": 1}, "paris"), line("p-2", {"P": 1})], key=paris_only)[1]["results"]
+    assert [(r["status"], r["body"].get("code")) for r in results] == [(202, None), (404, "location.not_found")]
+
+
+def test_the_rate_limit_counts_each_shipment_and_the_bounds_are_clear(make_system: Any) -> None:
+    system: System = make_system(IMPORTER_RATE_LIMIT="3", IMPORTER_RATE_WINDOW="60")
+    system.start_http()
+    status, answer = bulk(system, [line(f"r-{n}", {"R": 1}) for n in range(5)])
+    assert status == 200
+    assert [r["status"] for r in answer["results"]] == [202, 202, 202, 429, 429]
+    assert all(r["retryAfter"] >= 1 for r in answer["results"][3:])
+
+    status, problem = bulk(system, [])
+    assert status == 422 and problem["code"] == "request.invalid"
+    status, _, raw = system.request("POST", "/api/imports/bulk", body=b'{"batchId": "x", "csv": "a"}\n', ctype="application/json")
+    assert status == 422 and "shipments" in json.loads(raw)["fields"]  # the JSON form is {"shipments": [...]}
+    status, _, raw = system.request("POST", "/api/imports/bulk", body=b"sku,quantity\nA,1\n", ctype="text/csv")
+    assert status == 415 and json.loads(raw)["code"] == "request.unsupported_media_type"
+
+
+def test_importer_submit_sends_a_folder_in_one_bulk_request(make_system: Any, tmp_path: Path) -> None:
+    system: System = make_system()
+    system.start_http()
+    system.start_worker()
+    folder = tmp_path / "day-close"
+    folder.mkdir()
+    for n in range(3):
+        (folder / f"close-{n}.csv").write_text(f"sku,quantity\nCLOSE-{n},{n + 1}\n")
+    (folder / "notes.txt").write_text("not a shipment")
+    done = subprocess.run(
+        [sys.executable, "-m", "importer.adapters.processes.cli", "submit", str(folder), "--wait"],
+        env={**system.env, "IMPORTER_URL": system.base_url, "IMPORTER_API_KEY": system.api_key},
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for n in range(3):
+        assert f"shipment-close-{n}" in done.stdout
+    assert system.store().stock_of([f"CLOSE-{n}" for n in range(3)]) == {f"CLOSE-{n}": n + 1 for n in range(3)}
