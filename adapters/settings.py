@@ -232,6 +232,11 @@ class Settings:
     #: "before_send:crash" (kill the process there). Never set in production.
     fault: str = ""
 
+    @property
+    def declared_locations(self) -> list[str]:
+        """The locations this process declares (IMPORTER_LOCATIONS and the default), main aside."""
+        return sorted({*self.locations, self.default_location} - {MAIN})
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
         env = os.environ if env is None else env

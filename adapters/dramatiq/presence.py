@@ -29,7 +29,6 @@ from importer.adapters.logs import log_event
 from importer.adapters.redis.errors import StoreUnavailable
 from importer.adapters.redis.store import RedisStore
 from importer.adapters.settings import Settings
-from importer.domain.locations import MAIN
 
 log = logging.getLogger("importer.worker")
 
@@ -51,7 +50,7 @@ class WorkerPresence(Middleware):
         self.worker_id = worker_id or new_worker_id()
         #: IMPORTER_LOCATIONS and the default location, declared with the first beat Redis takes
         #: (a worker started while Redis was away declares them once it is back).
-        self.to_declare = sorted({*settings.locations, settings.default_location} - {MAIN})
+        self.to_declare = settings.declared_locations
         self._stop = threading.Event()
         # A beat and the goodbye never overlap: a beat in flight must not
         # announce the worker again after it has left.

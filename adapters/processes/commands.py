@@ -40,7 +40,7 @@ def declare_configured_locations(settings: Settings, client: Any) -> None:
     from importer.adapters.bootstrap import clock_ms
     from importer.adapters.redis.store import RedisStore
 
-    RedisStore(client, settings, clock_ms=clock_ms).declare_locations([*settings.locations, settings.default_location])
+    RedisStore(client, settings, clock_ms=clock_ms).declare_locations(settings.declared_locations)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
