@@ -94,8 +94,7 @@ _HASH_TAGGED = re.compile(r"^[^{}]*\{[^{}]+\}[^{}]*$")
 class Settings:
     #: None means: start the embedded server (``importer dev``, tests).
     redis_url: str | None = None
-    #: The message transport: None = the Redis of IMPORTER_REDIS_URL;
-    #: "redis://..." another Redis; "amqp://..." RabbitMQ (publisher confirms on).
+    #: The message transport: None = IMPORTER_REDIS_URL's; "redis://..."; "amqp://..." RabbitMQ (confirms on).
     broker_url: str | None = None
     #: Every key lives under this prefix. It must hold a hash tag ({...}) so
     #: that a Redis Cluster keeps all keys one Lua script touches in one slot.
@@ -223,18 +222,15 @@ class Settings:
     ledger_interval_s: float = 0.2
     #: [ledger] Journal entries per export transaction.
     ledger_batch: int = 500
-    #: [trace] OTEL_TRACES_EXPORTER: "console" or "otlp" turns tracing on (with the otel extra installed);
-    #: "none" (the default) or unset: off, at no cost.
+    #: [trace] OTEL_TRACES_EXPORTER "console" or "otlp": tracing on (the otel extra); "none" (default): off, at no cost.
     traces_exporter: str = "none"
-    #: [trace] OTEL_SERVICE_NAME, when set: every process's service name (else importer-http, importer-worker).
-    otel_service_name: str = ""
+    otel_service_name: str = ""  #: [trace] OTEL_SERVICE_NAME (else importer-http, importer-worker)
     #: Test-only fault injection, e.g. "after_apply:5" (sleep 5 s there) or
     #: "before_send:crash" (kill the process there). Never set in production.
     fault: str = ""
 
     @property
-    def declared_locations(self) -> list[str]:
-        """The locations this process declares (IMPORTER_LOCATIONS and the default), main aside."""
+    def declared_locations(self) -> list[str]:  # IMPORTER_LOCATIONS and the default, main aside
         return sorted({*self.locations, self.default_location} - {MAIN})
 
     @classmethod
