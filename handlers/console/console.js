@@ -110,10 +110,56 @@
     return id.slice(0, 64);
   }
 
+  // Several files: one bulk request (POST /api/imports/bulk), each named after its file.
+  async function sendMany(files, location) {
+    const lines = [];
+    for (const file of files) {
+      const item = { batchId: suggestBatchId(file.name), csv: await file.text() };
+      if (location) item.location = location;
+      lines.push(JSON.stringify(item));
+    }
+    const answer = await api("POST", "/api/imports/bulk",
+      { body: lines.join("\n") + "\n", headers: { "Content-Type": "application/x-ndjson" } });
+    if (answer.status !== 200) { showError(describe(answer.status, answer.body, answer.headers)); return; }
+    const list = $("send-many");
+    list.replaceChildren();
+    let accepted = 0;
+    answer.body.results.forEach((result, i) => {
+      const li = document.createElement("li");
+      if (result.status === 202) {
+        accepted += 1;
+        li.textContent = files[i].name + ": 202 Accepted, job " + result.body.jobId + " (" + result.body.state + ")";
+      } else {
+        li.textContent = files[i].name + ": " + describe(result.status, result.body, new Headers());
+      }
+      list.appendChild(li);
+    });
+    list.hidden = false;
+    const summary = accepted + " of " + files.length + " files accepted.";
+    $("send-result").hidden = false;
+    $("send-result").textContent = summary;
+    announce(summary);
+    loadList();
+  }
+
   async function send(event) {
     event.preventDefault();
     clearError();
-    const file = $("file-input").files[0];
+    $("send-many").hidden = true;
+    const files = Array.from($("file-input").files);
+    if (files.length > 1) {
+      const where = $("location-input").value.trim();
+      if (where && !/^[a-z0-9][a-z0-9_-]{0,31}$/.test(where)) {
+        showError("The location must be 1-32 lowercase letters, digits, '_' or '-', starting with a letter or digit (or empty: the default location).");
+        return;
+      }
+      $("send-button").disabled = true;
+      try { await sendMany(files, where); } catch (err) {
+        showError("The server could not be reached. Check your connection and try again.");
+      } finally { $("send-button").disabled = false; }
+      return;
+    }
+    const file = files[0];
     const batchId = $("batch-input").value.trim();
     const location = $("location-input").value.trim();
     if (!file) { showError("Choose a CSV file first."); $("file-input").focus(); return; }
@@ -573,8 +619,11 @@
       $("key-input").focus();
     });
     $("file-input").addEventListener("change", () => {
-      const file = $("file-input").files[0];
-      if (file) $("batch-input").value = suggestBatchId(file.name);
+      const files = $("file-input").files;
+      const many = files.length > 1;  // each named after its file: no batchId to type
+      $("batch-input").disabled = many;
+      $("batch-input").required = !many;
+      $("batch-input").value = many ? "" : (files[0] ? suggestBatchId(files[0].name) : $("batch-input").value);
     });
     $("send-form").addEventListener("submit", send);
     $("rejections-link").addEventListener("click", downloadRejections);

@@ -361,3 +361,31 @@ def test_a_failed_import_is_retried_with_its_button_and_followed_live(
         expect(page.locator("#alert")).not_to_contain_text("Retry button")
     finally:
         system.stop_all()
+
+
+def test_several_files_go_in_one_bulk_request_each_answered(console_system: System, new_page: Any, tmp_path: Path) -> None:
+    page = new_page()
+    open_console(page, console_system, console_system.api_key)
+    names = [unique("many") + ".csv" for _ in range(3)]
+    for n, name in enumerate(names):
+        (tmp_path / name).write_text(f"sku,quantity\nMANY-{n},{n + 1}\n")
+    taken = unique("taken") + ".csv"  # another producer's batchId already: refused, the others go on
+    (tmp_path / taken).write_text("sku,quantity\nMANY-0,1\n")
+    status, _, _ = console_system.request("POST", f"/api/imports?batchId={taken[:-4]}", body=b"sku,quantity\nT,1\n",
+                                          ctype="text/csv", key=console_system.other_key)
+    assert status == 202
+    with page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/api/imports/bulk")) as sent:
+        page.set_input_files("#file-input", [str(tmp_path / name) for name in [*names, taken]])
+        expect(page.locator("#batch-input")).to_be_disabled()
+        page.click("#send-button")
+    assert sent.value.headers["content-type"] == "application/x-ndjson"
+    expect(page.locator("#send-result")).to_have_text("3 of 4 files accepted.")
+    items = page.locator("#send-many li")
+    expect(items).to_have_count(4)
+    expect(items.nth(0)).to_contain_text(f"{names[0]}: 202 Accepted, job shipment-{names[0][:-4]}")
+    expect(items.nth(3)).to_contain_text(f"{taken}: This batchId is already used")
+    # Sent again: each file answers its job again; nothing is recorded twice.
+    page.click("#send-button")
+    expect(page.locator("#send-result")).to_have_text("3 of 4 files accepted.")
+    for name in names:
+        assert console_system.wait_state(f"shipment-{name[:-4]}", ("completed",))["state"] == "completed"
