@@ -100,6 +100,18 @@ def test_the_rate_limit_counts_each_shipment_and_the_bounds_are_clear(make_syste
 
     status, problem = bulk(system, [])
     assert status == 422 and problem["code"] == "request.invalid"
+    # The cut-body proof is the whole request's: a body that does not match its digest records nothing.
+    raw = json.dumps(line("d-1", {"D": 1})).encode() + b"\n"
+    status, _, answer = system.request("POST", "/api/imports/bulk", body=raw, ctype="application/x-ndjson",
+                                       headers={"Content-Digest": "sha-256=:" + "A" * 43 + "=:"})
+    assert status == 400 and json.loads(answer)["code"] == "request.digest_mismatch"
+    assert system.get_job("shipment-d-1")[0] == 404
+    # The contract door, per shipment: live workers none of which reads this server's version.
+    doored: System = make_system()
+    doored.start_worker(IMPORTER_ACCEPTED_VERSIONS="2")
+    doored.start_http()
+    status, answer = bulk(doored, [line(f"v-{n}", {"V": 1}) for n in range(2)])
+    assert [(r["status"], r["body"]["code"]) for r in answer["results"]] == [(503, "contract.no_worker")] * 2
     status, _, raw = system.request("POST", "/api/imports/bulk", body=b'{"batchId": "x", "csv": "a"}\n', ctype="application/json")
     assert status == 422 and "shipments" in json.loads(raw)["fields"]  # the JSON form is {"shipments": [...]}
     status, _, raw = system.request("POST", "/api/imports/bulk", body=b"sku,quantity\nA,1\n", ctype="text/csv")
