@@ -67,6 +67,17 @@ def _limit(req: Request, errors: dict[str, list[str]], default: int, most: int) 
     return int(text) if text.isdigit() else default
 
 
+def _page(req: Request, default: int, most: int, shape: tuple[type, ...],
+          errors: dict[str, list[str]] | None = None) -> tuple[int, list[Any] | None]:
+    """?limit= and ?cursor= (a position of ``shape``); 422 request.invalid naming every bad field."""
+    errors = {} if errors is None else errors
+    limit = _limit(req, errors, default, most)
+    position = decode_position(req, errors, shape)
+    if errors:
+        raise ApiError("request.invalid", instance=req.path, extra={"fields": errors})
+    return limit, position
+
+
 def _declared(store: OpsStore, location: Any, errors: dict[str, list[str]]) -> str:
     if not isinstance(location, str) or not is_valid_location(location) or location not in store.locations():
         errors["location"] = ["Not a declared location (importer locations list)."]
@@ -86,9 +97,9 @@ def _body(req: Request, schema: Any) -> dict[str, Any]:
     return loaded
 
 
-def _paused(store: OpsStore) -> list[dict[str, Any]]:
+def _paused(intake: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"location": where, "by": str(who.get("by", "")), "at": _time(who.get("at"))}
-            for where, who in store.intake().items()]
+            for where, who in intake.items()]
 
 
 def _record(store: OpsStore, req: Request, action: str, detail: dict[str, Any]) -> None:
@@ -100,11 +111,7 @@ def _record(store: OpsStore, req: Request, action: str, detail: dict[str, Any]) 
 def overview(api: Api, req: Request) -> Response:
     """GET /api/ops/overview: one page of locations (declared order), the workers, intake."""
     store = _ops(api, req)
-    errors: dict[str, list[str]] = {}
-    limit = _limit(req, errors, 50, 200)
-    after = decode_position(req, errors, (str,))
-    if errors:
-        raise ApiError("request.invalid", instance=req.path, extra={"fields": errors})
+    limit, after = _page(req, 50, 200, (str,))
     locations = [loc for loc in store.locations() if after is None or loc > after[0]]
     page = sorted(locations)[:limit]
     paused = store.intake()
@@ -126,7 +133,7 @@ def overview(api: Api, req: Request) -> Response:
         "startedAt": _time(w.info.get("startedAt")),
     } for w in store.workers_now()]
     payload = {
-        "workers": workers, "locations": rows, "intake": _paused(store),
+        "workers": workers, "locations": rows, "intake": _paused(paused),
         "ledgerUp": None if lags is None else bool(lags),
         "nextCursor": encode_position([page[-1]]) if len(locations) > limit else None,
     }
@@ -163,7 +170,7 @@ def set_intake(api: Api, req: Request) -> Response:
         raise ApiError("request.invalid", instance=req.path, extra={"fields": errors})
     store.set_intake(location, paused=body["paused"], by=req.owner or "")
     _record(store, req, "intake", {"location": location, "paused": body["paused"]})
-    return json_response(200, _INTAKE_OUT.dump({"intake": _paused(store)}), _NO_STORE)
+    return json_response(200, _INTAKE_OUT.dump({"intake": _paused(store.intake())}), _NO_STORE)
 
 
 def list_failed(api: Api, req: Request) -> Response:
@@ -171,10 +178,7 @@ def list_failed(api: Api, req: Request) -> Response:
     store = _ops(api, req)
     errors: dict[str, list[str]] = {}
     location = _declared(store, req.query.get("location", MAIN), errors)
-    limit = _limit(req, errors, 50, 500)
-    after = decode_position(req, errors, (int, str))
-    if errors:
-        raise ApiError("request.invalid", instance=req.path, extra={"fields": errors})
+    limit, after = _page(req, 50, 500, (int, str), errors)
     items, position = store.failed_imports(location, code=req.query.get("errorCode"), limit=limit,
                                            after=(after[0], after[1]) if after else None)
     payload = {"items": [{"jobId": f.job_id, "owner": f.owner, "errorCode": f.code} for f in items],
@@ -198,11 +202,7 @@ def get_import(api: Api, req: Request) -> Response:
 def list_actions(api: Api, req: Request) -> Response:
     """GET /api/ops/actions: what operators did, newest first."""
     store = _ops(api, req)
-    errors: dict[str, list[str]] = {}
-    limit = _limit(req, errors, 50, 500)
-    before = decode_position(req, errors, (str,))
-    if errors:
-        raise ApiError("request.invalid", instance=req.path, extra={"fields": errors})
+    limit, before = _page(req, 50, 500, (str,))
     items, last = store.actions(limit=limit, before=before[0] if before else None)
     payload = {"items": [{**item, "at": _time(item["at"])} for item in items],
                "nextCursor": encode_position([last]) if last else None}

@@ -315,14 +315,9 @@ def _submit_bulk(args: argparse.Namespace, url: str, key: str, paths: list[Path]
             size += len(lines[take]) + 1
             take += 1
         chunk, lines = lines[:take], lines[take:]
-        try:
-            status, body = http_json("POST", f"{url}/api/imports/bulk", key, b"\n".join(chunk) + b"\n", "application/x-ndjson")
-        except (OSError, ValueError, http.client.HTTPException) as err:
-            print(f"importer: cannot reach {url}: {err}", file=sys.stderr)
-            return 2
-        if status != 200:
-            print(f"refused: {_describe_problem(status, body)}", file=sys.stderr)
-            return 1
+        body = _accepted(url, f"{url}/api/imports/bulk", key, b"\n".join(chunk) + b"\n", "application/x-ndjson", ok=200)
+        if isinstance(body, int):
+            return body
         for raw, result in zip(chunk, body["results"]):
             batch_id = json.loads(raw)["batchId"]
             if result["status"] == 202:
@@ -339,15 +334,15 @@ def _submit_bulk(args: argparse.Namespace, url: str, key: str, paths: list[Path]
     return worst
 
 
-def _accepted(url: str, target: str, key: str | None, data: bytes | None = None, ctype: str = "") -> Any:
-    """POST ``target``: the 202 answer's body, or the exit code after saying
+def _accepted(url: str, target: str, key: str | None, data: bytes | None = None, ctype: str = "", ok: int = 202) -> Any:
+    """POST ``target``: the ``ok`` answer's body, or the exit code after saying
     why not (2: the server cannot be reached, 1: it refused)."""
     try:
         status, body = http_json("POST", target, key, data, ctype)
     except (OSError, ValueError, http.client.HTTPException) as err:
         print(f"importer: cannot reach {url}: {err}", file=sys.stderr)
         return 2
-    if status != 202:
+    if status != ok:
         print(f"refused: {_describe_problem(status, body)}", file=sys.stderr)
         return 1
     return body

@@ -16,14 +16,13 @@ import shutil
 import statistics
 import tempfile
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
 import redis
 
 from bench.suite.common import free_port
-from bench.suite.ledger import _env, _spawn, _stop
+from bench.suite.ledger import _env, _spawn, _stop, wait_healthy
 from importer.adapters.redis.embedded import EmbeddedRedis
 from importer.handlers.auth import hash_key, new_key
 
@@ -41,14 +40,7 @@ def one_round(n: int, how: str, work: Path) -> dict[str, float]:
     proc = _spawn(["serve", "--bind", f"127.0.0.1:{port}"], env, work / "http.log")
     client = redis.Redis.from_url(url)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.2)
+        wait_healthy(port)
         run = uuid.uuid4().hex[:8]
         items = [{"batchId": f"{run}-{i}", "csv": CSV} for i in range(n)]
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)

@@ -208,6 +208,20 @@ def memory_round(small: int, large: int, ledger_on: bool, work: Path) -> dict[st
     return out
 
 
+def wait_healthy(port: int, limit_s: float = 60) -> None:
+    """Until `importer serve` on ``port`` answers /health with 200 (at most ``limit_s``)."""
+    import urllib.request
+
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+
+
 def http_round(ledger_on: bool, work: Path, seconds: int, extra_env: dict[str, str] | None = None) -> dict[str, float] | None:
     """wrk POSTing unique 3-row batches to `importer serve` (its defaults) with a worker
     draining, the ledger's exporter running (on) or not: req/s and p99. None without wrk."""
@@ -233,16 +247,7 @@ def http_round(ledger_on: bool, work: Path, seconds: int, extra_env: dict[str, s
     if ledger_on:
         procs.append(_spawn(["ledger"], env, work / "ledger.log"))
     try:
-        import urllib.request
-
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.2)
+        wait_healthy(port)
         run_env = dict(os.environ, BENCH_RUN_ID=uuid.uuid4().hex[:8], BENCH_API_KEY=key)
         done = subprocess.run(
             [wrk, "-t2", "-c32", f"-d{seconds}s", "--latency", "-s", str(ROOT / "bench" / "suite" / "wrk_post.lua"),
