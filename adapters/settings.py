@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from importer.domain.contract import CURRENT_VERSION, KNOWN_VERSIONS
+from importer.domain.contract import CURRENT_VERSION, DEFAULT_ACCEPTED_VERSIONS, GROUP_VERSION, KNOWN_VERSIONS
 from importer.domain.locations import LOCATION_PATTERN, MAIN, is_valid_location
 from importer.domain.shipment import DEFAULT_MAX_ROWS
 
@@ -167,7 +167,7 @@ class Settings:
     #: time share one Redis round trip (each its own script run and answer);
     #: 0 = one round trip per POST. See docs/reliability.md.
     share_round_trips: int = 1
-    accepted_versions: frozenset[int] = field(default_factory=lambda: frozenset({CURRENT_VERSION}))
+    accepted_versions: frozenset[int] = DEFAULT_ACCEPTED_VERSIONS
     producer_version: int = CURRENT_VERSION
     keep_completed_age_s: int = 3600
     keep_completed_count: int = 100
@@ -262,7 +262,7 @@ class Settings:
             one_step_max_bytes=_int(env, "IMPORTER_ONE_STEP_MAX_BYTES", cls.one_step_max_bytes),
             apply_together_max=_int(env, "IMPORTER_APPLY_TOGETHER_MAX", cls.apply_together_max),
             share_round_trips=_int(env, "IMPORTER_SHARE_ROUND_TRIPS", cls.share_round_trips),
-            accepted_versions=_versions(env, "IMPORTER_ACCEPTED_VERSIONS", frozenset({CURRENT_VERSION})),
+            accepted_versions=_versions(env, "IMPORTER_ACCEPTED_VERSIONS", DEFAULT_ACCEPTED_VERSIONS),
             producer_version=_int(env, "IMPORTER_PRODUCER_VERSION", CURRENT_VERSION, minimum=1),
             keep_completed_age_s=_int(env, "IMPORTER_KEEP_COMPLETED_AGE", cls.keep_completed_age_s),
             keep_completed_count=_int(env, "IMPORTER_KEEP_COMPLETED_COUNT", cls.keep_completed_count),
@@ -310,8 +310,8 @@ class Settings:
         unknown = self.accepted_versions - KNOWN_VERSIONS
         if unknown or not self.accepted_versions:
             raise SettingsError(f"IMPORTER_ACCEPTED_VERSIONS must be a non-empty subset of {sorted(KNOWN_VERSIONS)}")
-        if self.producer_version not in KNOWN_VERSIONS:
-            raise SettingsError(f"IMPORTER_PRODUCER_VERSION must be one of {sorted(KNOWN_VERSIONS)}")
+        if self.producer_version not in KNOWN_VERSIONS - {GROUP_VERSION}:  # a group is sent by bulk requests only
+            raise SettingsError(f"IMPORTER_PRODUCER_VERSION must be one of {sorted(KNOWN_VERSIONS - {GROUP_VERSION})}")
         if self.broker_url and not self.broker_url.startswith(("redis://", "rediss://", "unix://", "amqp://", "amqps://")):
             raise SettingsError("IMPORTER_BROKER_URL must be a redis://, rediss://, unix://, amqp:// or amqps:// URL")
         if self.event_stream_heartbeat_s <= 0 or self.event_stream_max_duration_s <= 0:

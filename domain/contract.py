@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from marshmallow import RAISE, Schema, ValidationError, fields, validate
 
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 from importer.domain.errors import InvalidMessage, UnsupportedContractVersion
 
@@ -31,9 +31,20 @@ _UPLOAD_ID = re.compile(r"[0-9a-f]{32}")
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 #: Versions this code base can read. A worker accepts a configured subset.
-KNOWN_VERSIONS = frozenset({1, 2})
+#: Version 3 is a group: one message that carries several imports
+#: (:func:`encode_group`), sent only while every live worker accepts it.
+KNOWN_VERSIONS = frozenset({1, 2, 3})
+#: The version of a message that carries several imports of one location.
+GROUP_VERSION = 3
+#: Imports one group message carries at most: its size stays bounded (about
+#: 200 bytes an import) whatever the bulk request that made them.
+GROUP_MAX = 64
 #: What a producer sends unless IMPORTER_PRODUCER_VERSION says otherwise.
 CURRENT_VERSION = 1
+#: What a worker accepts unless IMPORTER_ACCEPTED_VERSIONS says otherwise: the
+#: current single message, and groups (which producers send only while every
+#: live worker accepts them).
+DEFAULT_ACCEPTED_VERSIONS = frozenset({CURRENT_VERSION, GROUP_VERSION})
 
 
 def _require(ok: bool, message: str) -> None:
@@ -66,6 +77,8 @@ class ImportMessageV2(ImportMessageV1):
 
 
 _SCHEMAS: dict[int, Schema] = {1: ImportMessageV1(), 2: ImportMessageV2()}
+_GROUP_FIELDS = frozenset({"version", "jobs", "requestId"})
+_GROUP_ENTRY_FIELDS = frozenset({"jobId", "batchId", "uploadId"})
 _V1_FIELDS = frozenset(ImportMessageV1().fields)
 
 
@@ -140,6 +153,54 @@ def _plain_v1(payload: Mapping[str, object]) -> ImportMessage | None:
     if payload.keys() != _V1_FIELDS or not _plainly_valid(payload):
         return None
     return ImportMessage(1, payload["jobId"], payload["batchId"], payload["uploadId"])  # type: ignore[arg-type]
+
+
+def encode_group(jobs: Sequence[tuple[str, str, str]], *, request_id: str | None = None) -> dict[str, object]:
+    """Version 3: ``{"version": 3, "jobs": [{"jobId", "batchId", "uploadId"}, ...], "requestId"?}``,
+    one message for 1 to :data:`GROUP_MAX` imports of one location (``jobs``: (jobId, batchId, uploadId)).
+    Each import keeps its own attempt, fencing token, outcome and events on the worker."""
+    if not 1 <= len(jobs) <= GROUP_MAX:
+        raise InvalidMessage(f"a group carries 1 to {GROUP_MAX} imports, not {len(jobs)}")
+    entries = [{"jobId": job_id, "batchId": batch_id, "uploadId": upload_id} for job_id, batch_id, upload_id in jobs]
+    body: dict[str, object] = {"version": GROUP_VERSION, "jobs": entries}
+    if request_id is not None:
+        body["requestId"] = request_id
+    if not all(_plainly_valid(e) for e in entries) or not _plainly_valid({**entries[0], "requestId": request_id}):
+        raise InvalidMessage("refusing to send an invalid group message")
+    return body
+
+
+def is_group(payload: object) -> bool:
+    """Whether a message body is a group (version 3), whatever else is wrong with it."""
+    return isinstance(payload, Mapping) and payload.get("version") == GROUP_VERSION
+
+
+def decode_group(payload: object, accepted_versions: frozenset[int]) -> list[ImportMessage]:
+    """Read a group message: each import it carries, in order (version 3 each).
+    Raises UnsupportedContractVersion or InvalidMessage (both permanent) for the whole message."""
+    if not isinstance(payload, Mapping) or payload.get("version") != GROUP_VERSION:
+        raise InvalidMessage("message is not a group")
+    if GROUP_VERSION not in accepted_versions:
+        raise UnsupportedContractVersion(GROUP_VERSION)
+    jobs, request_id = payload.get("jobs"), payload.get("requestId")
+    if (not payload.keys() <= _GROUP_FIELDS or not isinstance(jobs, list) or not 1 <= len(jobs) <= GROUP_MAX
+            or (request_id is not None and (type(request_id) is not str or _REQUEST_ID.fullmatch(request_id) is None))):
+        raise InvalidMessage("a group is {version: 3, jobs: [1 to %d imports], requestId?}" % GROUP_MAX)
+    messages = []
+    for entry in jobs:
+        if not isinstance(entry, Mapping) or entry.keys() != _GROUP_ENTRY_FIELDS or not _plainly_valid(entry):
+            raise InvalidMessage("a group's import is {jobId, batchId, uploadId}, each valid")
+        messages.append(ImportMessage(GROUP_VERSION, entry["jobId"], entry["batchId"], entry["uploadId"], request_id))
+    return messages
+
+
+def job_ids_of(payload: object) -> list[str]:
+    """Best-effort job ids of any message body, a group's too ([] when none can be read)."""
+    if is_group(payload):
+        jobs = payload.get("jobs") if isinstance(payload, Mapping) else None
+        return [j for j in (job_id_of(e) for e in (jobs if isinstance(jobs, list) else [])) if j]
+    job_id = job_id_of(payload)
+    return [job_id] if job_id else []
 
 
 def job_id_of(payload: object) -> str | None:

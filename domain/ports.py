@@ -102,7 +102,7 @@ class JobRecorder(Protocol):
     def enqueue(
         self, *, job_id: str, batch_id: str, owner: str, content_sha256: str, upload_id: str, csv: bytes,
         raw_sha256: str = "", stored_content: tuple[str, str] | None = None, rate_token: bool = False,
-        ledger_asked: bool = False,
+        ledger_asked: bool = False, send_later: bool = False,
     ) -> EnqueueOutcome:
         """Record the job once.
 
@@ -113,6 +113,9 @@ class JobRecorder(Protocol):
         live job's stored upload, computed by the caller after such an answer.
         ``rate_token``: first take one POST of the owner's rate limit, in the
         same atomic step ('rate_limited' when it is used up: nothing recorded).
+        ``send_later``: record it without its message, in the unsent index
+        (``sent`` False), even where the store could write the message: the
+        caller sends it with others (a group) and marks them sent.
         """
         ...
 
@@ -121,6 +124,10 @@ class JobRecorder(Protocol):
         ...
 
     def mark_sent(self, job_id: str) -> None: ...
+
+    def mark_sent_many(self, job_ids: list[str]) -> None:
+        """:meth:`mark_sent` for several jobs of one location, in one step."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -168,6 +175,11 @@ class MessageSender(Protocol):
 
     def send(self, *, job_id: str, batch_id: str, upload_id: str) -> None: ...
 
+    def send_group(self, jobs: Sequence[tuple[str, str, str]]) -> None:
+        """One message (contract version 3) for several recorded jobs of one
+        location, each (jobId, batchId, uploadId); at most contract.GROUP_MAX."""
+        ...
+
 
 class AttemptStore(Protocol):
     """Worker side of the store: one atomic step per state transition of an attempt."""
@@ -202,6 +214,10 @@ class AttemptStore(Protocol):
         """:meth:`start_and_apply` for several imports of one location, in one
         atomic step: each has its own outcome, in order (a conflict or an
         overflow fails only its own job)."""
+        ...
+
+    def read_small_uploads(self, jobs: Sequence[tuple[str, str]], max_bytes: int) -> list[bytes | None]:
+        """Each (jobId, uploadId)'s upload when at most ``max_bytes`` (else None), in one step."""
         ...
 
 

@@ -8,11 +8,11 @@ call is one atomic step (a Lua script in production).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from importer.domain.contract import decode_message, job_id_of
+from importer.domain.contract import ImportMessage, decode_message, job_id_of
 from importer.domain.errors import CsvInvalid, DomainError, PublicError, public_error_for
 from importer.domain.ports import (
     ApplyResult, AttemptStore, EventLog, OneStepImport, OnStarted, StartedAttempt, StartOutcome,
@@ -76,7 +76,7 @@ def run_import(
     time limit) propagates to the queue, which retries the attempt.
     """
     try:
-        msg = decode_message(body, accepted_versions)
+        msg = body if isinstance(body, ImportMessage) else decode_message(body, accepted_versions)
     except DomainError as exc:
         job_id = job_id_of(body)
         log("import.rejected_message", logging.WARNING, jobId=job_id, code=exc.code)
@@ -151,7 +151,7 @@ def apply_together(
     imports: list[OneStepImport] = []
     for position, (body, upload, ack) in enumerate(deliveries):
         try:
-            msg = decode_message(body, accepted_versions)
+            msg = body if isinstance(body, ImportMessage) else decode_message(body, accepted_versions)
         except DomainError:
             continue
         if any(i.job_id == msg.job_id for i in imports):
@@ -165,6 +165,53 @@ def apply_together(
         for (position, rows), (outcome, applied) in zip(picked, store.start_and_apply_together(imports)):
             settled[position] = Settled(outcome, applied, rows)
     return settled
+
+
+def run_group(
+    store: AttemptStore, messages: Sequence[ImportMessage], uploads: Sequence[bytes | None], *, together: int,
+    max_rows: int, log: EventLog, on_started: OnStarted = _ignore_started,
+    on_finished: Callable[[str], None] = lambda job_id: None,
+) -> list[str]:
+    """Run every import one group message carries (contract version 3), in
+    order, each with its own attempt, fencing token, outcome and events.
+
+    ``uploads``: each import's upload when it was read with the message (small
+    ones), else None. The imports with a valid upload run in calls of up to
+    ``together`` (:func:`apply_together`: one atomic step each, start to
+    completed); every other one (no upload read, invalid CSV, its job twice)
+    takes the separate steps of :func:`run_import`, which records what is
+    wrong. Returns, per import, what :func:`run_import` returns, or 'failed'
+    for a failure recorded as permanent (it never stops the others);
+    ``on_finished(jobId)`` is called after each such end.
+
+    Anything else raised (the store unreachable, the time limit) propagates
+    at once: the queue delivers the whole message again, where each import
+    already final is skipped ('finished': no attempt counted) and each other
+    one gets its own attempt. A one-step call is atomic, so none of its
+    imports is half done; an import that raised in its separate steps has its
+    attempt known to ``on_started`` (and not ``on_finished``), for the caller
+    to record its failure.
+    """
+    outcomes: list[str] = []
+    for start in range(0, len(messages), max(1, together)):
+        chunk = list(zip(messages[start:start + together], uploads[start:start + together]))
+        read = [position for position, (_, upload) in enumerate(chunk) if upload is not None]
+        settled: list[Settled | None] = [None] * len(chunk)
+        if read:
+            together_settled = apply_together(
+                store, [(chunk[p][0], chunk[p][1] or b"", None) for p in read], accepted_versions=frozenset(), max_rows=max_rows,
+            )
+            for position, outcome in zip(read, together_settled):
+                settled[position] = outcome
+        for (msg, _), outcome in zip(chunk, settled):
+            try:
+                did = run_import(store, msg, accepted_versions=frozenset(), max_rows=max_rows, log=log,
+                                 on_started=on_started, settled=outcome)
+            except PermanentImportFailure:
+                did = "failed"
+            on_finished(msg.job_id)
+            outcomes.append(did)
+    return outcomes
 
 
 def _started(store: AttemptStore, outcome: StartOutcome, job_id: str, log: EventLog, ctx: dict[str, Any]) -> StartedAttempt | None:

@@ -17,6 +17,7 @@ from importer.adapters.redis.errors import StoreUnavailable, store_errors
 from importer.adapters.redis.records import members_of
 from importer.adapters.redis.store import RedisStore
 from importer.adapters.settings import Settings
+from importer.domain.contract import job_ids_of
 from importer.domain.errors import PublicError
 from importer.domain.run_import import PermanentImportFailure
 
@@ -211,13 +212,16 @@ class Reconciler(Middleware):
                     if not ids:
                         continue
                     bodies = client.hmget(msgs_key, ids)
-                    job_ids = [_job_id_in(body) for body in bodies]
+                    # A group message's jobs: stranded once every one of them is finished.
+                    jobs_of = [_job_ids_in(body) for body in bodies]
                     pipe = client.pipeline(transaction=False)
-                    for job_id in job_ids:
-                        pipe.hget(self.store.partition_of(job_id).job(job_id), "state") if job_id else pipe.echo("")
-                    states = pipe.execute()
-                    drop = [mid for mid, body, state in zip(ids, bodies, states)
-                            if body is None or state in (None, b"", b"completed", b"failed")]
+                    for job_ids in jobs_of:
+                        for job_id in job_ids or [""]:
+                            pipe.hget(self.store.partition_of(job_id).job(job_id), "state") if job_id else pipe.echo("")
+                    states = iter(pipe.execute())
+                    finished = [all([next(states) in (None, b"", b"completed", b"failed") for _ in job_ids or [""]])
+                                for job_ids in jobs_of]
+                    drop = [mid for mid, body, done in zip(ids, bodies, finished) if body is None or done]
                     if drop:
                         pipe = client.pipeline(transaction=True)
                         pipe.srem(acks_key, *drop)
@@ -228,15 +232,14 @@ class Reconciler(Middleware):
             log_event(log, "reconciler.stranded_acks_dropped", count=dropped)
         return dropped
 
-def _job_id_in(raw: bytes | str | None) -> str:
-    """The jobId a stored dramatiq message carries ('' when unreadable)."""
+def _job_ids_in(raw: bytes | str | None) -> list[str]:
+    """The jobIds a stored dramatiq message carries (a group's every one; [] when unreadable)."""
     if raw is None:
-        return ""
+        return []
     try:
-        body = json.loads(raw)["args"][0]
-        return str(body.get("jobId") or "") if isinstance(body, dict) else ""
+        return job_ids_of(json.loads(raw)["args"][0])
     except (ValueError, KeyError, IndexError, TypeError):
-        return ""
+        return []
 
 class LocationConsumers(Middleware):
     """On a Redis Cluster, each location's messages are in a queue of its own

@@ -21,7 +21,9 @@ from importer.adapters.redis.errors import StoreUnavailable
 from importer.adapters.settings import Settings
 from importer.domain.ids import request_id_var
 from importer.domain.ports import AttemptStore
-from importer.domain.run_import import PermanentImportFailure, Settled, apply_together, run_import
+from importer.domain.contract import decode_group, is_group, job_ids_of
+from importer.domain.errors import DomainError, public_error_for
+from importer.domain.run_import import PermanentImportFailure, Settled, apply_together, run_group, run_import
 
 from importer.adapters.dramatiq.broker import ACTOR_NAME, Handed, MessageHandover
 
@@ -83,11 +85,46 @@ class ImportRunner:
     def drop_pending(self, failure: PendingFailure) -> None:
         self._pending.pop((failure.job_id, failure.token), None)
 
+    def run_group(self, body: Any, message_id: str = "") -> str:
+        """A group message (contract version 3): every import it carries, with
+        the small uploads read in one round trip, through
+        :func:`importer.domain.run_import.run_group`. The attempt of the import
+        running its separate steps is remembered under the message's id, as a
+        single message's is, for AttemptRecorder and the lease renewal."""
+        try:
+            messages = decode_group(body, self.settings.accepted_versions)
+        except DomainError as exc:
+            job_ids = job_ids_of(body)
+            self._log("import.rejected_message", logging.WARNING, jobIds=job_ids, code=exc.code)
+            for job_id in job_ids:
+                self.store.record_failure(
+                    job_id=job_id, attempt=None, final=True, error=public_error_for(exc),
+                    diagnostic=f"{type(exc).__name__}: {exc.detail}", next_attempt_at_ms=None,
+                )
+            raise PermanentImportFailure(exc.code) from None
+        # Fault injection (tests) keeps the separate steps: its points sit between them.
+        max_bytes = 0 if self.settings.fault else self.settings.one_step_max_bytes
+        uploads = self.store.read_small_uploads([(m.job_id, m.upload_id) for m in messages], max_bytes)
+
+        def started(job_id: str, attempt: int, token: str) -> None:
+            self._attempts[message_id] = (job_id, attempt, token)
+
+        outcomes = run_group(
+            self.store, messages, uploads, together=self.settings.apply_together_max, max_rows=self.settings.max_rows,
+            log=self._log, on_started=started, on_finished=lambda _job_id: self.forget(message_id),
+        )
+        self._log("import.group", logging.DEBUG, imports=len(messages),
+                  **{did: outcomes.count(did) for did in sorted(set(outcomes))})
+        return "group"
+
     def run(self, body: Any, message_id: str = "", handed: Handed | None = None, handover: MessageHandover | None = None) -> str:
         """``handed``: the upload that came with the message and the ack the
         one-step attempt makes (:class:`MessageHandover`), or the outcome another
         delivery's call gave it. With ``handover``, the attempt takes other
         fetched imports of its location into its call (group commit)."""
+        if is_group(body):
+            return self.run_group(body, message_id)
+
         def started(job_id: str, attempt: int, token: str) -> None:
             self._attempts[message_id] = (job_id, attempt, token)
 

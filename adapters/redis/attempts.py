@@ -38,6 +38,20 @@ class AttemptSteps(RedisStoreBase):
     """Implements :class:`importer.domain.ports.AttemptStore`: start.lua, apply.lua, start_apply.lua, fail.lua."""
 
 
+    def read_small_uploads(self, jobs: Sequence[tuple[str, str]], max_bytes: int) -> list[bytes | None]:
+        """Each (jobId, uploadId)'s upload when it is at most ``max_bytes`` (None
+        when larger or gone), in one round trip: what fetch.lua brings beside a
+        single message, for the imports a group message carries."""
+        if max_bytes <= 0 or not jobs:
+            return [None] * len(jobs)
+        with store_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for job_id, upload_id in jobs:
+                # One byte more than the bound tells it is larger (uploads are never empty).
+                pipe.getrange(self.partition_of(job_id).upload(upload_id), 0, max_bytes)
+            read = pipe.execute()
+        return [bytes(csv) if csv and len(csv) <= max_bytes else None for csv in read]
+
     def _job_step(self, job_id: str) -> tuple[list[Any], list[Any]]:
         """The KEYS and ARGV that start, apply and fail share (common.lua, "Job steps";
         ARGV[3..8] are not read: '')."""

@@ -61,6 +61,7 @@ class FakeStore:
     def enqueue(
         self, *, job_id: str, batch_id: str, owner: str, content_sha256: str, upload_id: str, csv: bytes,
         raw_sha256: str = "", stored_content: tuple[str, str] | None = None, rate_token: bool = False,
+        send_later: bool = False,
     ) -> EnqueueOutcome:
         """As enqueue.lua decides (its [rate], [identity] and [door] steps, in its order)."""
         self._call("enqueue")
@@ -103,7 +104,7 @@ class FakeStore:
         )
         self.raw_hashes[job_id] = raw_sha256
         self.uploads[upload_id] = csv
-        return EnqueueOutcome("created", "waiting", sent=self.sends_with_record)
+        return EnqueueOutcome("created", "waiting", sent=self.sends_with_record and not send_later)
 
     def retry_job(self, *, job_id: str, owner: str, upload_id: str, retryable: frozenset[str]) -> RetryOutcome:
         """As retry.lua decides: the owner first, then the state, the failure's code, the upload, the door."""
@@ -150,6 +151,10 @@ class FakeStore:
     def mark_sent(self, job_id: str) -> None:
         self._call("mark_sent")
         self.marked_sent.append(job_id)
+
+    def mark_sent_many(self, job_ids: list[str]) -> None:
+        self._call("mark_sent_many")
+        self.marked_sent.extend(job_ids)
 
     def get_owned_job(self, job_id: str, owner: str) -> JobRecord | None:
         self._call("get_owned_job")
@@ -236,8 +241,14 @@ class FakeSender:
 
     sent: list[SentMessage] = field(default_factory=list)
 
+    #: The group messages, each its (jobId, batchId, uploadId)s.
+    groups: list[list[tuple[str, str, str]]] = field(default_factory=list)
+
     def send(self, *, job_id: str, batch_id: str, upload_id: str) -> None:
         self.sent.append(SentMessage(job_id, batch_id, upload_id))
+
+    def send_group(self, jobs: Sequence[tuple[str, str, str]]) -> None:
+        self.groups.append(list(jobs))
 
 
 @dataclass
@@ -280,6 +291,9 @@ class FakeAttemptStore:
         )
         self.calls.pop()
         return outcome, applied
+
+    def read_small_uploads(self, jobs: Sequence[tuple[str, str]], max_bytes: int) -> list[bytes | None]:
+        return [self.csv if 0 < len(self.csv) <= max_bytes else None for _ in jobs]
 
     def start_and_apply_together(self, imports: Sequence[OneStepImport]) -> list[tuple[StartOutcome, ApplyResult | None]]:
         return [

@@ -8,11 +8,18 @@ import pytest
 
 from importer.domain.contract import (
     CURRENT_VERSION,
+    DEFAULT_ACCEPTED_VERSIONS,
+    GROUP_MAX,
+    GROUP_VERSION,
     KNOWN_VERSIONS,
     ImportMessage,
+    decode_group,
     decode_message,
+    encode_group,
     encode_message,
+    is_group,
     job_id_of,
+    job_ids_of,
     live_workers_can_run,
 )
 from importer.domain.errors import InvalidMessage, UnsupportedContractVersion, public_error_for
@@ -29,7 +36,54 @@ def body(**overrides: object) -> dict[str, object]:
 
 def test_versions() -> None:
     assert CURRENT_VERSION == 1
-    assert KNOWN_VERSIONS == frozenset({1, 2})
+    assert KNOWN_VERSIONS == frozenset({1, 2, 3})
+    assert DEFAULT_ACCEPTED_VERSIONS == frozenset({CURRENT_VERSION, GROUP_VERSION})
+
+
+def _jobs(n: int) -> list[tuple[str, str, str]]:
+    return [(f"shipment-b-{i}@paris", f"b-{i}", f"{i:032x}") for i in range(n)]
+
+
+def test_a_group_carries_each_import_and_the_request_id() -> None:
+    body = encode_group(_jobs(3), request_id="req-1")
+    assert body == {"version": 3, "requestId": "req-1", "jobs": [
+        {"jobId": f"shipment-b-{i}@paris", "batchId": f"b-{i}", "uploadId": f"{i:032x}"} for i in range(3)]}
+    assert is_group(body) and not is_group({"version": 2})
+    decoded = decode_group(body, frozenset({1, 3}))
+    assert [(m.job_id, m.batch_id, m.upload_id, m.version, m.request_id) for m in decoded] == [
+        (j, b, u, 3, "req-1") for j, b, u in _jobs(3)]
+    assert job_ids_of(body) == [j for j, _, _ in _jobs(3)]
+    assert job_ids_of({"version": 1, "jobId": "shipment-x"}) == ["shipment-x"]
+
+
+def test_a_group_is_bounded_and_each_import_valid() -> None:
+    encode_group(_jobs(GROUP_MAX))
+    with pytest.raises(InvalidMessage):
+        encode_group(_jobs(GROUP_MAX + 1))
+    with pytest.raises(InvalidMessage):
+        encode_group([])
+    with pytest.raises(InvalidMessage):
+        encode_group([("shipment-x", "bad batch id", UPLOAD)])
+    good = encode_group(_jobs(2))
+    for bad in (
+        {**good, "jobs": []},
+        {**good, "jobs": [{"jobId": "shipment-x", "batchId": "x"}]},
+        {**good, "jobs": [{"jobId": "shipment-x", "batchId": "x", "uploadId": "nope"}]},
+        {**good, "extra": 1},
+        {**good, "requestId": "bad id!"},
+        {**good, "jobs": "x"},
+    ):
+        with pytest.raises(InvalidMessage):
+            decode_group(bad, frozenset({3}))
+
+
+def test_a_worker_that_does_not_accept_groups_refuses_them_whole() -> None:
+    body = encode_group(_jobs(2))
+    with pytest.raises(UnsupportedContractVersion):
+        decode_group(body, frozenset({1, 2}))
+    with pytest.raises(UnsupportedContractVersion):  # a single message's reader never takes a group for one
+        decode_message(body, frozenset({1, 2, 3}))
+    assert job_id_of(body) is None
 
 
 def test_encode_gives_the_documented_body() -> None:
