@@ -238,6 +238,8 @@ def build_http(settings: Settings) -> HttpSide:
             block_s=max(0.1, min(5.0, settings.redis_socket_timeout_s / 2)),
         ),
         max_concurrent_uploads=settings.max_concurrent_uploads,
+        # A bulk request's small shipments travel as group messages (the worker reads their uploads).
+        group_max_bytes=settings.one_step_max_bytes,
         max_body_reads=settings.max_body_reads,
         body_timeout_s=settings.http_body_timeout_s,
         release_memory=release_free_memory,

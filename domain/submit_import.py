@@ -11,13 +11,15 @@ for a small declared one: handlers/api.py.)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from importer.domain.errors import (
     BatchConflict, BatchUnsettled, IntakePaused, LedgerUnreachable, LocationNotAllowed, NoWorkerAccepts, RateLimited,
 )
+from importer.domain.contract import GROUP_MAX
 from importer.domain.ledger import ArchiveLookup
-from importer.domain.locations import MAIN
+from importer.domain.locations import MAIN, location_of_job
 from importer.domain.ports import EnqueueOutcome, JobRecorder, MessageSender
 from importer.domain.shipment import bytes_sha256, content_key, job_id_for
 
@@ -35,6 +37,7 @@ class Accepted:
 def submit_import(
     recorder: JobRecorder, sender: MessageSender, *, owner: str, batch_id: str, csv: bytes, upload_id: str, max_rows: int,
     rate_token: bool = False, location: str = MAIN, archive: ArchiveLookup | None = None,
+    send_later: list[tuple[str, str, str]] | None = None,
 ) -> Accepted:
     """Record the job of ``batch_id`` at ``location`` (once) and send its message.
 
@@ -57,12 +60,17 @@ def submit_import(
     ``rate_token``: the recorder takes the owner's rate-limit token in the
     same step (an HTTP edge that took it before reading the body passes
     False); :class:`RateLimited` when it is used up, nothing recorded.
+
+    ``send_later``: a new job is recorded without its message and its
+    (jobId, batchId, uploadId) appended here; the caller sends it with
+    others (:func:`send_recorded`) and marks them sent.
     """
     job_id = job_id_for(batch_id, location)
     raw = bytes_sha256(csv)
+    later = send_later is not None
     outcome = recorder.enqueue(
         job_id=job_id, batch_id=batch_id, owner=owner, content_sha256="", raw_sha256=raw,
-        upload_id=upload_id, csv=csv, rate_token=rate_token,
+        upload_id=upload_id, csv=csv, rate_token=rate_token, send_later=later,
     )
     # Known with other bytes: compare contents. At most a few rounds (the
     # live job may change between two calls: then it is looked at again).
@@ -77,11 +85,11 @@ def submit_import(
             stored = (outcome.stored_upload_id, content_key(stored_csv, max_rows) if stored_csv is not None else "")
         outcome = recorder.enqueue(
             job_id=job_id, batch_id=batch_id, owner=owner, content_sha256=key,
-            raw_sha256=raw, stored_content=stored, upload_id=upload_id, csv=csv,
+            raw_sha256=raw, stored_content=stored, upload_id=upload_id, csv=csv, send_later=later,
         )
     if outcome.kind == "ask_ledger":
         outcome = _asked_ledger(recorder, archive, job_id=job_id, batch_id=batch_id, owner=owner, csv=csv,
-                                raw=raw, upload_id=upload_id, location=location, max_rows=max_rows)
+                                raw=raw, upload_id=upload_id, location=location, max_rows=max_rows, send_later=later)
     if outcome.kind == "paused":
         raise IntakePaused()
     if outcome.kind == "undeclared":
@@ -95,14 +103,17 @@ def submit_import(
     if outcome.kind == "no_worker":
         raise NoWorkerAccepts(outcome.producer_version, outcome.workers_accept)
     if outcome.kind == "created" and not outcome.sent:
-        sender.send(job_id=job_id, batch_id=batch_id, upload_id=upload_id)
-        recorder.mark_sent(job_id)
+        if send_later is not None:
+            send_later.append((job_id, batch_id, upload_id))
+        else:
+            sender.send(job_id=job_id, batch_id=batch_id, upload_id=upload_id)
+            recorder.mark_sent(job_id)
     return Accepted(job_id, batch_id, outcome.state, location)
 
 
 def _asked_ledger(
     recorder: JobRecorder, archive: ArchiveLookup | None, *, job_id: str, batch_id: str, owner: str, csv: bytes,
-    raw: str, upload_id: str, location: str, max_rows: int,
+    raw: str, upload_id: str, location: str, max_rows: int, send_later: bool = False,
 ) -> EnqueueOutcome:
     """[ledger] The batch's done marker may have left Redis: the ledger says whether it
     was applied, by whom and with what content. Another owner's, or other content:
@@ -116,8 +127,41 @@ def _asked_ledger(
         return EnqueueOutcome("conflict")
     return recorder.enqueue(
         job_id=job_id, batch_id=batch_id, owner=owner, content_sha256="", raw_sha256=raw,
-        upload_id=upload_id, csv=csv, ledger_asked=True,
+        upload_id=upload_id, csv=csv, ledger_asked=True, send_later=send_later,
     )
+
+
+def send_recorded(
+    recorder: JobRecorder, sender: MessageSender, jobs: Sequence[tuple[str, str, str]], *, grouped: bool,
+) -> list[tuple[str, BaseException | None]]:
+    """Send the messages of jobs recorded with ``send_later`` (jobId, batchId,
+    uploadId), and mark them sent: with ``grouped``, one message of contract
+    version 3 per location and per :data:`GROUP_MAX` jobs (the worker runs them
+    in one call, each with its own attempt and outcome); otherwise one message
+    each. Returns each jobId with what its send raised (None: sent); after a
+    send raised, the rest are not tried (each would wait out the store's
+    timeout) and get the same exception. A job whose send failed stays in the unsent index, which the workers' reconciler sends:
+    it is never lost, and the caller answers 503 (a resend is safe)."""
+    outcomes: list[tuple[str, BaseException | None]] = []
+    by_location: dict[str, list[tuple[str, str, str]]] = {}
+    for job in jobs:
+        by_location.setdefault(location_of_job(job[0]), []).append(job)
+    step = GROUP_MAX if grouped else 1
+    failed: BaseException | None = None
+    for located in by_location.values():
+        for start in range(0, len(located), step):
+            chunk = located[start:start + step]
+            if failed is None:
+                try:
+                    if grouped:
+                        sender.send_group(chunk)
+                    else:
+                        sender.send(job_id=chunk[0][0], batch_id=chunk[0][1], upload_id=chunk[0][2])
+                    recorder.mark_sent_many([job_id for job_id, _, _ in chunk])
+                except Exception as exc:  # the transport or the store: the rest are not tried either
+                    failed = exc
+            outcomes += [(job_id, failed) for job_id, _, _ in chunk]
+    return outcomes
 
 
 #: Calls after a 'content_needed' answer before giving up (503): each round

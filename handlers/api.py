@@ -113,6 +113,10 @@ class Api:
     operations: OpsStore | None = None
     #: [ops] [ledger] location -> {lagEntries, lagSeconds}; None: no ledger.
     ledger_lags: Callable[[], dict[str, dict[str, Any]] | None] = lambda: None
+    #: A bulk request's shipments up to this many bytes travel in group messages
+    #: (contract version 3, many imports a message) while every live worker reads
+    #: them; 0: one message each (IMPORTER_GROUP_MESSAGES=0, or the separate steps).
+    group_max_bytes: int = 0
 
 
 def _time(ms: int | None) -> datetime | None:

@@ -27,7 +27,8 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from importer.domain.submit_import import submit_import
+from importer.domain.contract import GROUP_VERSION
+from importer.domain.submit_import import send_recorded, submit_import
 from importer.handlers.answers import answer_for
 from importer.handlers.api import Api, _content_type, accepted_body, enqueue_request_of, json_of
 from importer.handlers.http import Request, Response, json_response
@@ -59,15 +60,53 @@ def enqueue_bulk(api: Api, req: Request) -> Response:
     results: list[dict[str, Any]] = []
     store_down: dict[str, Any] | None = None
     single = replace(req, path="/api/imports")  # each line's answer is the single POST's, its instance too
+    # Small new shipments are recorded without their messages, then sent together (_send_later).
+    later: list[tuple[str, str, str]] = []
+    position_of: dict[str, int] = {}
     for shipment in shipments:
-        entry = store_down or _one(api, single, shipment)
+        recorded = len(later)
+        entry = store_down or _one(api, single, shipment, later if api.group_max_bytes > 0 else None)
         if entry["status"] == 503 and entry["body"].get("code") == "service.unavailable":
             store_down = entry  # the store does not answer: the rest are not tried
+        if len(later) > recorded:
+            position_of[later[-1][0]] = len(results)
         results.append(entry)
+    if later and store_down is not None:
+        for position in position_of.values():
+            results[position] = store_down  # recorded, not sent: the reconciler sends them
+    elif later:
+        _send_later(api, single, later, position_of, results)
     return json_response(200, {"results": results}, (("Cache-Control", "no-store"),))
 
 
-def _one(api: Api, req: Request, shipment: Any) -> dict[str, Any]:
+def _send_later(
+    api: Api, req: Request, later: list[tuple[str, str, str]], position_of: dict[str, int], results: list[dict[str, Any]],
+) -> None:
+    """The messages of the shipments recorded without them: a group message per
+    location and per GROUP_MAX while every live worker reads groups (with none
+    alive too: the work waits, as at the door), else one message each. A
+    shipment whose send failed is answered 503, as a single POST whose send
+    failed is: its job waits in the unsent index for the reconciler, and the
+    same body sent again answers its job (nothing recorded twice)."""
+    try:
+        grouped = all(GROUP_VERSION in accepts for accepts in api.store.live_workers().values())
+    except Exception:
+        grouped = False  # the store is away: the sends below fail alike, and are answered 503
+    for job_id, exc in send_recorded(api.store, api.sender, later, grouped=grouped):
+        if exc is not None:
+            results[position_of[job_id]] = _failed(api, req, exc)
+
+
+def _failed(api: Api, req: Request, exc: BaseException) -> dict[str, Any]:
+    answer = answer_for(exc, path=req.path, unavailable=api.unavailable_errors, on_store_error=api.on_store_error)
+    entry: dict[str, Any] = {"status": answer.status, "body": json.loads(answer.body)}
+    wait = dict(answer.headers).get("Retry-After")
+    if wait is not None and wait.isdigit():
+        entry["retryAfter"] = int(wait)
+    return entry
+
+
+def _one(api: Api, req: Request, shipment: Any, later: list[tuple[str, str, str]] | None) -> dict[str, Any]:
     """One shipment's answer (an NDJSON line, or an item of the JSON list), as a single POST of it would get."""
     try:
         data = json_of(req, shipment) if isinstance(shipment, bytes) else shipment
@@ -79,14 +118,10 @@ def _one(api: Api, req: Request, shipment: Any) -> dict[str, Any]:
         accepted = submit_import(
             api.store, api.sender, owner=req.owner or "", batch_id=batch_id, csv=csv, upload_id=api.uuidgen(),
             max_rows=api.max_rows, rate_token=True, location=location, archive=api.archive,
+            send_later=later if later is not None and len(csv) <= api.group_max_bytes else None,
         )
     except Exception as exc:
-        answer = answer_for(exc, path=req.path, unavailable=api.unavailable_errors, on_store_error=api.on_store_error)
-        entry: dict[str, Any] = {"status": answer.status, "body": json.loads(answer.body)}
-        wait = dict(answer.headers).get("Retry-After")
-        if wait is not None and wait.isdigit():
-            entry["retryAfter"] = int(wait)
-        return entry
+        return _failed(api, req, exc)
     return {"status": 202, "body": accepted_body(accepted, location)}
 
 

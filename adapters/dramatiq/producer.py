@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import dramatiq
@@ -16,7 +16,7 @@ from importer.adapters.dramatiq import private
 from importer.adapters.redis.errors import StoreUnavailable, unavailable
 from importer.adapters.redis.records import OutgoingMessage
 from importer.adapters.settings import Settings
-from importer.domain.contract import encode_message
+from importer.domain.contract import encode_group, encode_message
 
 from importer.adapters.dramatiq.broker import ACTOR_NAME, ImporterRedisBroker
 from importer.domain.locations import location_of_job
@@ -41,6 +41,11 @@ class ImportQueue:
 
     def send(self, *, job_id: str, batch_id: str, upload_id: str) -> None:
         self.send_raw(self._body(job_id, batch_id, upload_id), self._queue_of(job_id), tracing.traceparent())
+
+    def send_group(self, jobs: Sequence[tuple[str, str, str]]) -> None:
+        """One group message (contract version 3) for jobs of one location, each (jobId, batchId, uploadId)."""
+        body = encode_group(jobs, request_id=self._request_id())
+        self.send_raw(body, self._queue_of(jobs[0][0]), tracing.traceparent())
 
     def _queue_of(self, job_id: str) -> str:
         """The queue of the job's location (dramatiq's Redis broker on a cluster:

@@ -27,7 +27,7 @@ class JobRecorder(RedisStoreBase):
     def enqueue(
         self, *, job_id: str, batch_id: str, owner: str, content_sha256: str, upload_id: str, csv: bytes,
         raw_sha256: str = "", stored_content: tuple[str, str] | None = None, rate_token: bool = False,
-        ledger_asked: bool = False,
+        ledger_asked: bool = False, send_later: bool = False,
     ) -> EnqueueOutcome:
         k, s = self.partition_of(job_id), self.settings
         now = self._now()
@@ -55,7 +55,7 @@ class JobRecorder(RedisStoreBase):
         ]
         with tracing.span("enqueue.lua", SpanKind.CLIENT, attributes={"db.system.name": "redis", "importer.job_id": job_id}):
             parent = tracing.traceparent()  # [trace] '' when off
-            if self.messages is not None:  # the location's queue: in its slot on a cluster (LocationQueues)
+            if self.messages is not None and not send_later:  # the location's queue: in its slot on a cluster (LocationQueues)
                 message = self.messages(job_id, batch_id, upload_id, parent)
                 keys += [message.queue_key, message.messages_key, k.deadline]
                 args += [message.redis_message_id, message.data, int(s.waiting_grace_s * 1000), parent]
@@ -211,7 +211,11 @@ class JobRecorder(RedisStoreBase):
         network dropped). NX: an attempt that already started keeps its deadline.
         One script call (mark_sent.lua), not a MULTI/EXEC: on a Redis Cluster a
         transaction that meets a moving slot fails, a script is redirected."""
-        k = self.partition_of(job_id)
+        self.mark_sent_many([job_id])
+
+    def mark_sent_many(self, job_ids: list[str]) -> None:
+        """:meth:`mark_sent` for the jobs of one location (one partition), in one script call."""
+        k = self.partition_of(job_ids[0])
         deadline = self._now() + int(self.settings.waiting_grace_s * 1000)
         with store_errors():
-            self._script("mark_sent", keys=[k.unsent, k.deadline], args=[job_id, deadline])
+            self._script("mark_sent", keys=[k.unsent, k.deadline], args=[deadline, *job_ids])
