@@ -258,7 +258,7 @@ def test_a_crash_between_recording_and_sending_is_repaired_by_the_sweeper(make_s
 
 def test_health_is_200_with_redis_and_503_without(system: System, make_system: object) -> None:
     status, _, body = system.request("GET", "/health", key=None)
-    workers = {"alive": 1, "acceptedVersions": [1], "producerVersion": 1, "acceptsImports": True}
+    workers = {"alive": 1, "acceptedVersions": [1, 3], "producerVersion": 1, "acceptsImports": True}
     intake = {"paused": False, "locations": []}
     assert (status, json.loads(body)) == (200, {"status": "ok", "workers": workers, "intake": intake})
 
