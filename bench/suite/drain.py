@@ -1,5 +1,8 @@
 """1. drain: N pre-enqueued 3-row imports through Importer's worker, the BullMQ peer's worker and a no-op
-dramatiq actor on the same server; imports/s from the first fetch to the last completion."""
+dramatiq actor on the same server; imports/s from the first fetch to the last completion.
+
+1b. bulk drain: the same, each system's bulk path pre-enqueuing (requests of 100 shipments): Importer's
+bulk intake (group messages of up to 64 imports), the peer's addBulk (one job per import)."""
 
 from __future__ import annotations
 
@@ -32,13 +35,17 @@ from bench.suite.common import (
     tree_cpu,
 )
 from bench.suite.procs import Proc
-from bench.suite.producer import parallel, preenqueue_importer
-from bench.suite.report import peer_at_least
+from bench.suite.producer import parallel, preenqueue_importer, preenqueue_importer_bulk
+from bench.suite.report import peer_at_least, peer_at_most
 
 if TYPE_CHECKING:
     from bench.suite.servers import Bench
 
 SUBJECTS = ("importer", "peer", "noop")
+#: scenario 1b: each system pre-enqueues through its bulk path
+BULK_SUBJECTS = ("importer-bulk", "peer-bulk")
+#: shipments per bulk request (Importer) or addBulk call (the peer)
+BULK_PER_REQUEST = 100
 
 
 def preenqueue_noop(b: Bench, namespace: str, n: int, tag: str) -> None:
@@ -68,33 +75,42 @@ class Setup:
     bad: Callable[[list[int]], str]
     enqueue_s: float
     prefix: str = ""
+    #: queue messages the N imports travel in (N, but for group messages)
+    messages: int = 0
 
 
 def setup(b: Bench, which: str, n: int, tag: str) -> Setup:
     """Pre-enqueue N imports for one subject (no worker running) and say how to drain them."""
     c = b.cfg
     t = time.monotonic()
-    if which == "importer":
+    if which in ("importer", "importer-bulk"):
         prefix = new_prefix("drain")
         env = b.importer_env(prefix)
         keys = Keys(prefix)
-        preenqueue_importer(b.url, env, n, tag, csv_3rows)
+        if which == "importer":
+            preenqueue_importer(b.url, env, n, tag, csv_3rows)
+        else:
+            preenqueue_importer_bulk(b.url, env, n, tag, csv_3rows, BULK_PER_REQUEST)
         return Setup(
             queue_key=f"{keys.dramatiq}:{QUEUE}", argv=b.importer_argv("worker", *b.worker_args()), env=env,
             probe=[("ZCARD", keys.completed), ("ZCARD", keys.failed)],
             done=lambda v: v[0] >= n, bad=lambda v: f"{v[1]} job(s) failed" if v[1] else "",
             enqueue_s=time.monotonic() - t, prefix=prefix,
+            messages=b.client.llen(f"{keys.dramatiq}:{QUEUE}") if which == "importer-bulk" and b.client else n,
         )
-    if which == "peer":
+    if which in ("peer", "peer-bulk"):
         assert b.peer is not None
         peer = b.peer
         prefix = new_prefix("peer")[:-1]
-        peer.enqueue(prefix, n, tag)
+        if which == "peer":
+            peer.enqueue(prefix, n, tag)
+        else:
+            peer.enqueue_bulk(prefix, n, tag, BULK_PER_REQUEST)
         return Setup(
             queue_key=peer.key(prefix, "wait"), argv=peer.worker_argv(), env=peer.env(prefix),
             probe=[("ZCARD", peer.key(prefix, "completed")), ("ZCARD", peer.key(prefix, "failed"))],
             done=lambda v: v[0] >= n, bad=lambda v: f"{v[1]} job(s) failed" if v[1] else "",
-            enqueue_s=time.monotonic() - t, prefix=prefix,
+            enqueue_s=time.monotonic() - t, prefix=prefix, messages=n,
         )
     namespace = new_prefix("noop") + "dramatiq"
     queue_key = f"{namespace}:{QUEUE}"
@@ -109,7 +125,7 @@ def setup(b: Bench, which: str, n: int, tag: str) -> Setup:
     ]
     return Setup(
         queue_key=queue_key, argv=argv, env=env, probe=[("HLEN", f"{queue_key}.msgs")],
-        done=lambda v: v[0] == 0, bad=lambda v: "", enqueue_s=time.monotonic() - t,
+        done=lambda v: v[0] == 0, bad=lambda v: "", enqueue_s=time.monotonic() - t, messages=n,
     )
 
 
@@ -162,8 +178,8 @@ def drain_once(b: Bench, n: int, which: str) -> dict[str, float]:
     queue_key, argv, env, probe, done, bad, enqueue_s = su.queue_key, su.argv, su.env, su.probe, su.done, su.bad, su.enqueue_s
     assert b.client is not None
     queued = b.client.llen(queue_key)
-    if queued != n:
-        raise BenchError(f"{queued} messages queued instead of {n}")
+    if queued != su.messages or (which == "importer-bulk" and queued * 64 < n):
+        raise BenchError(f"{queued} messages queued instead of {su.messages}")
     before = b.server_stats()
     rewrites0 = b.client.info("persistence").get("aof_rewrites", 0)
     proc = b.procs.spawn(f"{which}-worker", argv, env)
@@ -178,7 +194,7 @@ def drain_once(b: Bench, n: int, which: str) -> dict[str, float]:
 
     try:
         timeout = 60 + n / 200
-        first, end, sent = watch(b, proc, queue_key, n, probe, done, bad, timeout, on_first=snapshot_cpu)
+        first, end, sent = watch(b, proc, queue_key, su.messages, probe, done, bad, timeout, on_first=snapshot_cpu)
         cpu["worker1"] = tree_cpu(proc.popen.pid)
         cpu["server1"] = cpu_seconds(b.server_pid)
         other = load[0].stop() if load else {"other_pct": float("nan"), "steal_pct": float("nan")}
@@ -188,6 +204,7 @@ def drain_once(b: Bench, n: int, which: str) -> dict[str, float]:
         b.procs.stop(proc)
     out = {
         "n": n,
+        "messages": su.messages,
         "enqueue_s": enqueue_s,
         "rate": n / (end - first),
         "rate_boot": n / (end - proc.started),
@@ -219,7 +236,7 @@ def drain_once(b: Bench, n: int, which: str) -> dict[str, float]:
             per_cmd[name] = delta / n
     out["per_cmd"] = per_cmd  # type: ignore[assignment]
     out["usec"] = usec  # type: ignore[assignment]
-    if which == "importer":
+    if which in ("importer", "importer-bulk"):
         out.update(record_span(b, su.prefix, tag, n))
     return out
 
@@ -240,12 +257,49 @@ def record_span(b: Bench, prefix: str, tag: str, n: int) -> dict[str, float]:
     span_ms = max(finished) - min(started)
     return {"records_rate": n / (span_ms / 1000) if span_ms > 0 else 0.0}
 
-FIELD = {"importer": "imp", "peer": "peer", "noop": "base"}
+FIELD = {"importer": "imp", "peer": "peer", "noop": "base", "importer-bulk": "imp", "peer-bulk": "peer"}
 
 
 def subjects(b: Bench) -> tuple[str, ...]:
     return tuple(s for s in SUBJECTS if s != "peer" or b.peer is not None)
 
+
+
+def _drain_logged(b: Bench, n: int, which: str, rep: int) -> dict[str, float] | None:
+    """One drain, logged and kept in the details; None when it failed (noted)."""
+    c = b.cfg
+    log(f"drain N={n} rep {rep + 1}/{c.repeat}: {which}")
+    try:
+        fig = drain_once(b, n, which)
+    except BenchError as exc:
+        log(f"drain {which} N={n} failed: {exc}")
+        b.results.notes.append(f"drain {which} N={n} rep {rep + 1} failed: {exc}")
+        return None
+    finally:
+        b.flush()
+    b.other_load.append(fig["other_pct"])
+    log(
+        f"  {which}: {fig['rate']:,.0f}/s over {fig['seconds']:.2f} s (boot {fig['boot_s']:.2f} s, "
+        f"pre-enqueue {fig['enqueue_s']:.1f} s, {fig['messages']:,.0f} messages); worker CPU {fig['worker_cpu_ms']:.3f} ms/import "
+        f"({fig['worker_util'] * 100:.0f}% of a core), Redis {fig['server_cpu_us']:.0f} µs/import "
+        f"({fig['server_util'] * 100:.0f}%, AOF rewrites {fig['aof_rewrites']}), others {fig['other_pct']:.0f}%; {fig['commands_per']:.1f} cmds, "
+        f"{fig['evalsha_per']:.2f} EVALSHA, {fig['reads_per']:.2f} reads per import"
+        + (f"; records span {fig['records_rate']:,.0f}/s" if "records_rate" in fig else "")
+    )
+    per_cmd = ", ".join(f"{k} {v:.2f}" for k, v in sorted(fig["per_cmd"].items(), key=lambda kv: -kv[1]))  # type: ignore[union-attr]
+    b.results.details.append(
+        f"drain N={n} rep {rep + 1} {which}: {fig['rate']:,.0f}/s over {fig['seconds']:.3f} s, "
+        f"{fig['messages']:,.0f} queue messages, "
+        f"worker boot {fig['boot_s']:.2f} s, pre-enqueue {fig['enqueue_s']:.1f} s, "
+        f"worker CPU {fig['worker_cpu_ms']:.3f} ms/import (busy {fig['worker_util'] * 100:.0f}% of one core), "
+        f"Redis CPU {fig['server_cpu_us']:.1f} µs/import (busy {fig['server_util'] * 100:.0f}% of one core), "
+        f"other processes on the machine {fig['other_pct']:.0f}% of a core (steal {fig['steal_pct']:.0f}%)"
+        + (f", job records first startedAt→last finishedAt {fig['records_rate']:,.0f}/s" if "records_rate" in fig else "")
+        + f"; server commands per import: {per_cmd}; "
+        + "server time per import by command (commandstats usec, scripts include their inner commands): "
+        + ", ".join(f"{k} {v:.1f} µs" for k, v in sorted(fig["usec"].items(), key=lambda kv: -kv[1])[:8])  # type: ignore[union-attr]
+    )
+    return fig
 
 
 def scenario_drain(b: Bench) -> None:
@@ -254,7 +308,7 @@ def scenario_drain(b: Bench) -> None:
     for n in c.drain_ns:
         rate = res.row(
             "1. drain", f"N={n:,}: imports/s, first fetch → all completed", "/s",
-            base_label="no-op actor", target=peer_at_least(0.6),
+            base_label="no-op actor", target=peer_at_least(0.8),
         )
         boot = res.row("1. drain", f"N={n:,}: imports/s incl. worker boot (from process start)", "/s", base_label="no-op actor")
         last = n == max(c.drain_ns)
@@ -266,24 +320,9 @@ def scenario_drain(b: Bench) -> None:
             scpu = res.row("1. drain", f"N={n:,}: Redis server CPU per import", "µs", base_label="per no-op msg", decimals=1)
         for rep in range(c.repeat):
             for which in subjects(b):
-                log(f"drain N={n} rep {rep + 1}/{c.repeat}: {which}")
-                try:
-                    fig = drain_once(b, n, which)
-                except BenchError as exc:
-                    log(f"drain {which} N={n} failed: {exc}")
-                    res.notes.append(f"drain {which} N={n} rep {rep + 1} failed: {exc}")
+                fig = _drain_logged(b, n, which, rep)
+                if fig is None:
                     continue
-                finally:
-                    b.flush()
-                b.other_load.append(fig["other_pct"])
-                log(
-                    f"  {which}: {fig['rate']:,.0f}/s over {fig['seconds']:.2f} s (boot {fig['boot_s']:.2f} s, "
-                    f"pre-enqueue {fig['enqueue_s']:.1f} s); worker CPU {fig['worker_cpu_ms']:.3f} ms/msg "
-                    f"({fig['worker_util'] * 100:.0f}% of a core), Redis {fig['server_cpu_us']:.0f} µs/msg "
-                    f"({fig['server_util'] * 100:.0f}%, AOF rewrites {fig['aof_rewrites']}), others {fig['other_pct']:.0f}%; {fig['commands_per']:.1f} cmds, "
-                    f"{fig['evalsha_per']:.2f} EVALSHA, {fig['reads_per']:.2f} reads per message"
-                    + (f"; records span {fig['records_rate']:,.0f}/s" if "records_rate" in fig else "")
-                )
                 target = FIELD[which]
                 getattr(rate, target).append(fig["rate"])
                 getattr(boot, target).append(fig["rate_boot"])
@@ -293,16 +332,33 @@ def scenario_drain(b: Bench) -> None:
                     getattr(reads, target).append(fig["reads_per"])
                     getattr(wcpu, target).append(fig["worker_cpu_ms"])
                     getattr(scpu, target).append(fig["server_cpu_us"])
-                per_cmd = ", ".join(f"{k} {v:.2f}" for k, v in sorted(fig["per_cmd"].items(), key=lambda kv: -kv[1]))  # type: ignore[union-attr]
-                res.details.append(
-                    f"drain N={n} rep {rep + 1} {which}: {fig['rate']:,.0f}/s over {fig['seconds']:.3f} s, "
-                    f"worker boot {fig['boot_s']:.2f} s, pre-enqueue {fig['enqueue_s']:.1f} s, "
-                    f"worker CPU {fig['worker_cpu_ms']:.3f} ms/msg (busy {fig['worker_util'] * 100:.0f}% of one core), "
-                    f"Redis CPU {fig['server_cpu_us']:.1f} µs/msg (busy {fig['server_util'] * 100:.0f}% of one core), "
-                    f"other processes on the machine {fig['other_pct']:.0f}% of a core (steal {fig['steal_pct']:.0f}%)"
-                    + (f", job records first startedAt→last finishedAt {fig['records_rate']:,.0f}/s" if "records_rate" in fig else "")
-                    + f"; server commands per message: {per_cmd}; "
-                    + "server time per message by command (commandstats usec, scripts include their inner commands): "
-                    + ", ".join(f"{k} {v:.1f} µs" for k, v in sorted(fig["usec"].items(), key=lambda kv: -kv[1])[:8])  # type: ignore[union-attr]
-                )
 
+
+def scenario_bulk_drain(b: Bench) -> None:
+    """1b: N imports pre-enqueued through each system's bulk path, then drained."""
+    c = b.cfg
+    res = b.results
+    n = max(c.drain_ns)
+    scenario = "1b. bulk drain"
+    head = f"N={n:,}, enqueued {BULK_PER_REQUEST} per request"
+    rate = res.row(scenario, f"{head}: imports/s, first fetch → all completed", "/s", target=peer_at_least(1.0))
+    msgs = res.row(scenario, f"{head}: queue messages per import", "", decimals=3)
+    cmds = res.row(scenario, f"{head}: server commands per import (all, incl. inside scripts)", "")
+    reads = res.row(scenario, f"{head}: request reads per import (≈ round trips)", "")
+    wcpu = res.row(scenario, f"{head}: worker CPU per import (user+sys, all worker processes)", "ms", decimals=3,
+                   target=peer_at_most(1.0))
+    scpu = res.row(scenario, f"{head}: Redis server CPU per import", "µs", decimals=1, target=peer_at_most(1.0))
+    for rep in range(c.repeat):
+        for which in BULK_SUBJECTS:
+            if which == "peer-bulk" and b.peer is None:
+                continue
+            fig = _drain_logged(b, n, which, rep)
+            if fig is None:
+                continue
+            target = FIELD[which]
+            getattr(rate, target).append(fig["rate"])
+            getattr(msgs, target).append(fig["messages"] / n)
+            getattr(cmds, target).append(fig["commands_per"])
+            getattr(reads, target).append(fig["reads_per"])
+            getattr(wcpu, target).append(fig["worker_cpu_ms"])
+            getattr(scpu, target).append(fig["server_cpu_us"])

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from importer.adapters.bootstrap import build_http
 from importer.adapters.settings import Settings
-from importer.domain.submit_import import submit_import
+from importer.domain.submit_import import send_recorded, submit_import
 
 from bench.suite.common import OWNER, BenchError
 
@@ -35,6 +35,23 @@ class ImporterProducer:
             raise BenchError(f"enqueue of {batch_id}: the job already existed ({accepted})")
         return upload_id
 
+    def submit_bulk(self, shipments: list[tuple[str, bytes]]) -> None:
+        """Record new imports as one bulk request does (handlers/bulk.py): each
+        recorded without its message, then the messages sent together, one
+        group message per location and per GROUP_MAX (every worker reads
+        groups: the bench's workers are this release's)."""
+        later: list[tuple[str, str, str]] = []
+        for batch_id, csv in shipments:
+            accepted = submit_import(
+                self.side.api.store, self.side.api.sender, owner=OWNER, batch_id=batch_id, csv=csv,
+                upload_id=uuid.uuid4().hex, max_rows=self.settings.max_rows, send_later=later,
+            )
+            if accepted.state != "waiting":
+                raise BenchError(f"enqueue of {batch_id}: the job already existed ({accepted})")
+        for job_id, exc in send_recorded(self.side.api.store, self.side.api.sender, later, grouped=True):
+            if exc is not None:
+                raise BenchError(f"send of {job_id}: {exc!r}")
+
     def close(self) -> None:
         self.side.close()
 
@@ -55,6 +72,23 @@ def preenqueue_importer(url: str, env: dict[str, str], n: int, tag: str, csv: Ca
     def work(indices: range) -> None:
         for i in indices:
             producer.submit(f"{tag}-{i}", csv(i))
+
+    try:
+        parallel(work, n)
+    finally:
+        producer.close()
+
+
+def preenqueue_importer_bulk(
+    url: str, env: dict[str, str], n: int, tag: str, csv: Callable[[int], bytes], per_request: int = 100,
+) -> None:
+    """N imports named <tag>-<i> as bulk requests of ``per_request`` shipments (the bulk intake's path,
+    in process), 4 threads, no worker running."""
+    producer = ImporterProducer(url, env)
+
+    def work(indices: range) -> None:
+        for start in range(indices.start, indices.stop, per_request):
+            producer.submit_bulk([(f"{tag}-{i}", csv(i)) for i in range(start, min(indices.stop, start + per_request))])
 
     try:
         parallel(work, n)

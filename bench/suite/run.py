@@ -13,6 +13,8 @@ Scenarios (see bench/RESULTS.md, "Method", for the exact rules); one module each
 
 1. drain         drain.py          N pre-enqueued 3-row imports: Importer's worker, the peer's
                                    worker, a no-op dramatiq actor.
+1b. bulk         drain.py          the same N, each system's bulk path pre-enqueuing (Importer's
+                                   bulk intake: group messages; the peer's addBulk).
    accounting    accounting.py     Redis commands per import on Importer's worker side (MONITOR).
 2. http          http_load.py      wrk POSTing unique batches: ``importer serve``, the peer's
                                    server, a bare WSGI app with and without the one EVALSHA.
@@ -51,7 +53,7 @@ from importer.domain.shipment import DEFAULT_MAX_ROWS  # noqa: E402
 from bench.suite.accounting import accounting_markdown, scenario_accounting  # noqa: E402
 from bench.suite.cluster import scenario_cluster  # noqa: E402
 from bench.suite.common import QUICK_RESULTS, RESULTS, ROOT, code_fingerprint, loadavg, log  # noqa: E402
-from bench.suite.drain import scenario_drain  # noqa: E402
+from bench.suite.drain import scenario_bulk_drain, scenario_drain  # noqa: E402
 from bench.suite.http_load import scenario_http  # noqa: E402
 from bench.suite.large_batch import scenario_large  # noqa: E402
 from bench.suite.ledger import scenario_ledger  # noqa: E402
@@ -60,7 +62,7 @@ from bench.suite.peers.bullmq_runner import BullmqPeer  # noqa: E402
 from bench.suite.report import write_results  # noqa: E402
 from bench.suite.servers import Bench, Config  # noqa: E402
 
-SCENARIOS = ("size", "drain", "accounting", "http", "large", "cluster", "ledger")
+SCENARIOS = ("size", "drain", "bulk", "accounting", "http", "large", "cluster", "ledger")
 
 
 def parse_args(argv: list[str]) -> Config:
@@ -122,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             b.peer_note = "left out (--no-peer)" if not cfg.peer else "not needed (--only cluster)"
         b.start_server()
-        runs = {"size": scenario_size, "drain": scenario_drain, "accounting": scenario_accounting,
+        runs = {"size": scenario_size, "drain": scenario_drain, "bulk": scenario_bulk_drain, "accounting": scenario_accounting,
                 "http": scenario_http, "large": scenario_large, "cluster": scenario_cluster, "ledger": scenario_ledger}
         for name in SCENARIOS:
             if name not in cfg.only:

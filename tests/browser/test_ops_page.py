@@ -85,7 +85,7 @@ def test_operators_retry_an_outage_in_bulk_pause_and_resume_and_see_workers_and_
 
     # Fixed: a healthy worker runs, the operator retries the code's failures in one click.
     system.start_worker()
-    expect(workers.first.locator("td").nth(1)).to_have_text("1")
+    expect(workers.first.locator("td").nth(1)).to_have_text("1, 3")  # single and group messages
     retry.click()
     expect(page.locator("#announce")).to_have_text("Retried 3 imports that failed with contract.unsupported_version at main.")
     for n, batch in enumerate(batches):

@@ -119,6 +119,15 @@ class BullmqPeer:
         if done.returncode != 0:
             raise BenchError(f"peer enqueue exited {done.returncode}: {done.stderr.strip()[-300:]}")
 
+    def enqueue_bulk(self, prefix: str, n: int, tag: str, per_request: int = 100) -> None:
+        """N 3-row imports through the peer's submitImports (SET pipeline + queue.addBulk per chunk)."""
+        done = subprocess.run(
+            [self.node, str(PEER_DIR / "enqueue-bulk.js"), str(n), tag, str(per_request)], env=self.env(prefix),
+            cwd=PEER_DIR, capture_output=True, text=True, timeout=120 + n / 100,
+        )
+        if done.returncode != 0:
+            raise BenchError(f"peer bulk enqueue exited {done.returncode}: {done.stderr.strip()[-300:]}")
+
     def script_names(self) -> dict[str, str]:
         """sha1 -> readable name of BullMQ's Lua scripts and of the peer's apply.lua (node script-names.js)."""
         if self._names is None:

@@ -35,3 +35,22 @@ export async function submitImport(redis, queue, batchId, csv) {
   );
   return { jobId, batchId, state: 'waiting' };
 }
+
+// Many shipments at once, BullMQ's bulk way: one pipeline of SET uploads, then
+// one queue.addBulk (a MULTI of addStandardJob calls). shipments: [{batchId, csv}].
+export async function submitImports(redis, queue, shipments) {
+  const pipe = redis.pipeline();
+  const jobs = shipments.map(({ batchId, csv }) => {
+    const sha256 = createHash('sha256').update(csv).digest('hex');
+    const uploadKey = keys.upload(sha256);
+    pipe.set(uploadKey, csv, 'EX', uploadTtlSeconds);
+    return {
+      name: 'import',
+      data: { contractVersion: CONTRACT_VERSION, batchId, uploadKey, sha256 },
+      opts: { jobId: `shipment-${batchId}`, attempts: 3, backoff: { type: 'exponential', delay: 1000 } },
+    };
+  });
+  await pipe.exec();
+  await queue.addBulk(jobs);
+  return shipments.map(({ batchId }) => ({ status: 202, body: { jobId: `shipment-${batchId}`, batchId, state: 'waiting' } }));
+}

@@ -3,7 +3,7 @@
 // GET /health checks the closing flag and pings Redis. No owner check: the seed leaves it out.
 import http from 'node:http';
 import { connect, host, maxBytes, port } from './config.js';
-import { BATCH_ID, createQueue, submitImport } from './queue.js';
+import { BATCH_ID, createQueue, submitImport, submitImports } from './queue.js';
 
 const redis = connect('producer');
 const queue = createQueue(redis);
@@ -52,6 +52,21 @@ async function postImport(req, res, url) {
   return send(res, 202, accepted, { Location: `/api/imports/${accepted.jobId}` });
 }
 
+// POST /api/imports/bulk: NDJSON, one {batchId, csv} per line (as Importer's bulk
+// intake takes it); one addBulk for all of them. 200 {results: [{status, body}]}.
+async function postBulk(req, res) {
+  const body = await readBody(req);
+  const shipments = [];
+  for (const line of body.toString('utf8').split('\n')) {
+    if (!line.trim()) continue;
+    const { batchId, csv } = JSON.parse(line);
+    if (!BATCH_ID.test(batchId || '')) return problem(res, 422, 'request.invalid', 'a line has a bad batchId');
+    shipments.push({ batchId, csv: Buffer.from(csv) });
+  }
+  if (!shipments.length || shipments.length > 1000) return problem(res, 422, 'request.invalid', '1 to 1000 lines');
+  return send(res, 200, { results: await submitImports(redis, queue, shipments) });
+}
+
 async function getImport(res, jobId) {
   const job = await queue.getJob(jobId);
   if (!job) return problem(res, 404, 'job.not_found', 'no such job (it may have been removed by retention)');
@@ -79,7 +94,8 @@ async function health(res) {
 const server = http.createServer((req, res) => {
   const url = new URL(req.url, 'http://peer');
   let work;
-  if (req.method === 'POST' && url.pathname === '/api/imports') work = postImport(req, res, url);
+  if (req.method === 'POST' && url.pathname === '/api/imports/bulk') work = postBulk(req, res);
+  else if (req.method === 'POST' && url.pathname === '/api/imports') work = postImport(req, res, url);
   else if (req.method === 'GET' && url.pathname.startsWith('/api/imports/')) work = getImport(res, decodeURIComponent(url.pathname.slice(13)));
   else if (req.method === 'GET' && url.pathname === '/health') work = health(res);
   else work = Promise.resolve(problem(res, 404, 'route.not_found', 'no such route'));
