@@ -42,11 +42,15 @@ def find_wrk(b: Bench) -> str | None:
     return found
 
 
-def run_wrk(b: Bench, port: int, seconds: int, run_id: str, *, threads: int = 2, connections: int = 32) -> dict[str, float]:
+def run_wrk(
+    b: Bench, port: int, seconds: int, run_id: str, *, threads: int = 2, connections: int = 32, bulk: int = 0,
+) -> dict[str, float]:
+    """wrk POSTing one shipment per request (wrk_post.lua), or ``bulk`` per request (wrk_bulk.lua)."""
     assert b.wrk is not None
-    env = dict(b.base_env, BENCH_RUN_ID=run_id, BENCH_API_KEY=b.api_key)
+    env = dict(b.base_env, BENCH_RUN_ID=run_id, BENCH_API_KEY=b.api_key, BENCH_BULK=str(bulk))
+    script = "wrk_bulk.lua" if bulk else "wrk_post.lua"
     argv = [
-        b.wrk, f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(ROOT / "bench" / "suite" / "wrk_post.lua"),
+        b.wrk, f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(ROOT / "bench" / "suite" / script),
         f"http://127.0.0.1:{port}/api/imports",
     ]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=seconds + 60)
@@ -200,3 +204,76 @@ def scenario_http(b: Bench) -> None:
             f"{median(floor_p99.base):.1f} ms, {ratio_of(floor_p99.base, floor_p99.peer):.2f}× the peer's in the same run; "
             f"its req/s {ratio_of(floor_rps.base, floor_rps.peer):.2f}× the peer's"
         )
+
+
+#: shipments per request of scenario 2b
+BULK = 100
+#: connections of scenario 2b: each request carries BULK shipments
+BULK_CONNECTIONS = 8
+
+
+def _recorded(b: Bench, which: str, prefix: str) -> int:
+    assert b.client is not None
+    if which == "importer":
+        return int(b.client.zcard(Keys(prefix).waiting))
+    assert b.peer is not None
+    return int(b.client.llen(b.peer.key(prefix[:-1], "wait")))
+
+
+def scenario_bulk_http(b: Bench) -> None:
+    """2b. bulk HTTP: wrk POSTing 100 new shipments per request to Importer's POST /api/imports/bulk and to the
+    peer's route calling addBulk; shipments/s (each shipment recorded and its message sent) and Redis CPU per one."""
+    c = b.cfg
+    res = b.results
+    label = f"{BULK} per request, wrk -t2 -c{BULK_CONNECTIONS} {c.duration}s"
+    rate = res.row("2b. bulk HTTP", f"shipments/s ({label})", "/s", target=peer_at_least(1.0))
+    p99 = res.row("2b. bulk HTTP", "request latency p99", "ms")
+    scpu = res.row("2b. bulk HTTP", "Redis server CPU per shipment", "µs", decimals=1)
+    hcpu = res.row("2b. bulk HTTP", "HTTP process CPU per shipment", "ms", decimals=3)
+    b.wrk = b.wrk or find_wrk(b)
+    if not b.wrk or b.peer is None:
+        for r in (rate, p99, scpu, hcpu):
+            r.note = "skipped (wrk not found)" if not b.wrk else r.note
+        if not b.wrk:
+            return
+    for rep in range(c.repeat):
+        for which in ("importer", "peer") if b.peer is not None else ("importer",):
+            log(f"bulk http rep {rep + 1}/{c.repeat}: {which}")
+            proc = None
+            try:
+                prefix = new_prefix("bulkhttp")
+                proc, port = start(b, which, prefix)
+                run_id = f"b{uuid.uuid4().hex[:8]}"
+                run_wrk(b, port, 1, run_id + "w", connections=BULK_CONNECTIONS, bulk=BULK)  # warm-up
+                warm = _recorded(b, which, prefix)
+                workers = children(proc.popen.pid) or [proc.popen.pid]
+                cpu0 = [cpu_seconds(w) for w in workers]
+                server0 = cpu_seconds(b.server_pid)
+                fig = run_wrk(b, port, c.duration, run_id, connections=BULK_CONNECTIONS, bulk=BULK)
+                server_s = cpu_seconds(b.server_pid) - server0
+                http_s = sum(cpu_seconds(w) for w in workers) - sum(cpu0)
+                recorded = _recorded(b, which, prefix) - warm
+            except (BenchError, subprocess.TimeoutExpired) as exc:
+                log(f"bulk http {which} failed: {exc}")
+                res.notes.append(f"bulk HTTP {which} rep {rep + 1} failed: {exc}")
+                continue
+            finally:
+                if proc is not None:
+                    b.procs.stop(proc)
+                b.flush()
+            sent = fig["requests"] * BULK
+            if fig["non2xx"] or fig["socket_errors"] or recorded < sent:
+                res.notes.append(
+                    f"bulk HTTP {which} rep {rep + 1}: {int(fig['non2xx'])} non-2xx, {int(fig['socket_errors'])} socket errors, "
+                    f"{recorded:,} of {int(sent):,} shipments recorded"
+                )
+            target = FIELD[which]
+            getattr(rate, target).append(fig["rps"] * BULK)
+            getattr(p99, target).append(fig["p99_ms"])
+            getattr(scpu, target).append(server_s * 1e6 / max(recorded, 1))
+            getattr(hcpu, target).append(http_s * 1e3 / max(recorded, 1))
+            msg = (f"{which}: {fig['rps'] * BULK:,.0f} shipments/s ({fig['rps']:,.1f} req/s), p99 {fig['p99_ms']:.1f} ms, "
+                   f"{recorded:,} shipments recorded of {int(sent):,} sent; Redis {server_s * 1e6 / max(recorded, 1):.1f} µs "
+                   f"and HTTP {http_s * 1e3 / max(recorded, 1):.3f} ms CPU per shipment")
+            log("  " + msg)
+            res.details.append(f"bulk HTTP rep {rep + 1} {msg}")

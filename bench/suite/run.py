@@ -18,6 +18,8 @@ Scenarios (see bench/RESULTS.md, "Method", for the exact rules); one module each
    accounting    accounting.py     Redis commands per import on Importer's worker side (MONITOR).
 2. http          http_load.py      wrk POSTing unique batches: ``importer serve``, the peer's
                                    server, a bare WSGI app with and without the one EVALSHA.
+2b. bulkhttp     http_load.py      wrk POSTing 100 shipments per request: Importer's bulk intake,
+                                   the peer's route calling addBulk.
 3. large         large_batch.py    one 100,000-row import through each system: upload,
                                    active->completed, Redis blocked (SLOWLOG), peak RSS.
 4. size          message_size.py   queue message bytes for a 3-row and a 100,000-row import.
@@ -54,7 +56,7 @@ from bench.suite.accounting import accounting_markdown, scenario_accounting  # n
 from bench.suite.cluster import scenario_cluster  # noqa: E402
 from bench.suite.common import QUICK_RESULTS, RESULTS, ROOT, code_fingerprint, loadavg, log  # noqa: E402
 from bench.suite.drain import scenario_bulk_drain, scenario_drain  # noqa: E402
-from bench.suite.http_load import scenario_http  # noqa: E402
+from bench.suite.http_load import scenario_bulk_http, scenario_http  # noqa: E402
 from bench.suite.large_batch import scenario_large  # noqa: E402
 from bench.suite.ledger import scenario_ledger  # noqa: E402
 from bench.suite.message_size import scenario_size  # noqa: E402
@@ -62,7 +64,7 @@ from bench.suite.peers.bullmq_runner import BullmqPeer  # noqa: E402
 from bench.suite.report import write_results  # noqa: E402
 from bench.suite.servers import Bench, Config  # noqa: E402
 
-SCENARIOS = ("size", "drain", "bulk", "accounting", "http", "large", "cluster", "ledger")
+SCENARIOS = ("size", "drain", "bulk", "accounting", "http", "bulkhttp", "large", "cluster", "ledger")
 
 
 def parse_args(argv: list[str]) -> Config:
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             b.peer_note = "left out (--no-peer)" if not cfg.peer else "not needed (--only cluster)"
         b.start_server()
         runs = {"size": scenario_size, "drain": scenario_drain, "bulk": scenario_bulk_drain, "accounting": scenario_accounting,
-                "http": scenario_http, "large": scenario_large, "cluster": scenario_cluster, "ledger": scenario_ledger}
+                "http": scenario_http, "bulkhttp": scenario_bulk_http, "large": scenario_large, "cluster": scenario_cluster, "ledger": scenario_ledger}
         for name in SCENARIOS:
             if name not in cfg.only:
                 continue
