@@ -50,6 +50,20 @@ class EnqueueOutcome:
 
 
 @dataclass(frozen=True)
+class EnqueueCall:
+    """One job to record (:meth:`JobRecorder.enqueue`'s arguments), for :meth:`JobRecorder.enqueue_many`."""
+
+    job_id: str
+    batch_id: str
+    owner: str
+    upload_id: str
+    csv: bytes
+    raw_sha256: str
+    rate_token: bool = False
+    send_later: bool = False
+
+
+@dataclass(frozen=True)
 class StartedAttempt:
     """An attempt that started: its number and what it needs to run."""
 
@@ -117,6 +131,14 @@ class JobRecorder(Protocol):
         (``sent`` False), even where the store could write the message: the
         caller sends it with others (a group) and marks them sent.
         """
+        ...
+
+    def enqueue_many(self, calls: Sequence[EnqueueCall]) -> list[EnqueueOutcome]:
+        """:meth:`enqueue` of each (its first call: no content key, no stored
+        content, the ledger not asked), in order, each its own atomic step as
+        if called one after the other, in as few round trips as the store can
+        make them. Raises what :meth:`enqueue` raises (the store unreachable):
+        then any of them may or may not be recorded, as with a lost answer."""
         ...
 
     def read_upload(self, upload_id: str, location: str = ...) -> bytes | None:

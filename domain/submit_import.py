@@ -15,12 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from importer.domain.errors import (
-    BatchConflict, BatchUnsettled, IntakePaused, LedgerUnreachable, LocationNotAllowed, NoWorkerAccepts, RateLimited,
+    BatchConflict, BatchUnsettled, DomainError, IntakePaused, LedgerUnreachable, LocationNotAllowed, NoWorkerAccepts, RateLimited,
 )
 from importer.domain.contract import GROUP_MAX
 from importer.domain.ledger import ArchiveLookup
 from importer.domain.locations import MAIN, location_of_job
-from importer.domain.ports import EnqueueOutcome, JobRecorder, MessageSender
+from importer.domain.ports import EnqueueCall, EnqueueOutcome, JobRecorder, MessageSender
 from importer.domain.shipment import bytes_sha256, content_key, job_id_for
 
 
@@ -67,11 +67,77 @@ def submit_import(
     """
     job_id = job_id_for(batch_id, location)
     raw = bytes_sha256(csv)
-    later = send_later is not None
     outcome = recorder.enqueue(
         job_id=job_id, batch_id=batch_id, owner=owner, content_sha256="", raw_sha256=raw,
-        upload_id=upload_id, csv=csv, rate_token=rate_token, send_later=later,
+        upload_id=upload_id, csv=csv, rate_token=rate_token, send_later=send_later is not None,
     )
+    call = EnqueueCall(job_id, batch_id, owner, upload_id, csv, raw, rate_token, send_later is not None)
+    return _settled(recorder, sender, call, outcome, location=location, max_rows=max_rows, archive=archive,
+                    send_later=send_later)
+
+
+@dataclass(frozen=True)
+class Upload:
+    """One shipment of a bulk request, for :func:`submit_imports`."""
+
+    batch_id: str
+    csv: bytes
+    upload_id: str
+    location: str = MAIN
+    #: record it without its message, for :func:`send_recorded` (small ones)
+    send_later: bool = False
+
+
+def submit_imports(
+    recorder: JobRecorder, sender: MessageSender, uploads: Sequence[Upload], *, owner: str, max_rows: int,
+    archive: ArchiveLookup | None = None, send_later: list[tuple[str, str, str]] | None = None,
+) -> list[Accepted | Exception]:
+    """:func:`submit_import` of each upload (each with its own rate token),
+    in order, its first enqueue step made for all of them together
+    (:meth:`JobRecorder.enqueue_many`: one round trip where the store can).
+    Returns, per upload, what :func:`submit_import` would return, or what it
+    would raise: a domain error (a refusal), or what the store or the
+    transport raised in its later steps (then each upload after it that
+    needs such a step gets the same, untried). A new job whose upload asks
+    ``send_later`` is appended to ``send_later`` instead of being sent. What
+    the first, shared step raises propagates: nothing is known of any of
+    them, and a resend of the same uploads is harmless."""
+    calls = [
+        EnqueueCall(job_id_for(u.batch_id, u.location), u.batch_id, owner, u.upload_id, u.csv, bytes_sha256(u.csv),
+                    rate_token=True, send_later=u.send_later and send_later is not None)
+        for u in uploads
+    ]
+    results: list[Accepted | Exception] = []
+    failed: Exception | None = None
+    for upload, call, outcome in zip(uploads, calls, recorder.enqueue_many(calls)):
+        later = send_later if call.send_later else None
+        if failed is not None and _more_to_do(outcome, later is not None):
+            results.append(failed)  # the store or the transport failed: not tried (each would wait out its timeout)
+            continue
+        try:
+            results.append(_settled(recorder, sender, call, outcome, location=upload.location, max_rows=max_rows,
+                                    archive=archive, send_later=later))
+        except DomainError as exc:
+            results.append(exc)
+        except Exception as exc:  # the store or the transport: this one is not known to be done (503, resend)
+            failed = exc
+            results.append(exc)
+    return results
+
+
+def _more_to_do(outcome: EnqueueOutcome, later: bool) -> bool:
+    """The first enqueue step's outcome needs more calls to the store or the transport."""
+    return outcome.kind in ("content_needed", "ask_ledger") or (outcome.kind == "created" and not outcome.sent and not later)
+
+
+def _settled(
+    recorder: JobRecorder, sender: MessageSender, call: EnqueueCall, outcome: EnqueueOutcome, *, location: str,
+    max_rows: int, archive: ArchiveLookup | None, send_later: list[tuple[str, str, str]] | None,
+) -> Accepted:
+    """From the first enqueue step's outcome to the job accepted (or the
+    refusal raised): the content compared, the ledger asked, the message sent."""
+    job_id, batch_id, owner, upload_id, csv, raw = call.job_id, call.batch_id, call.owner, call.upload_id, call.csv, call.raw_sha256
+    later = send_later is not None
     # Known with other bytes: compare contents. At most a few rounds (the
     # live job may change between two calls: then it is looked at again).
     key = ""

@@ -12,11 +12,14 @@ POST holds per shipment: the key's locations, the declared ones, the rate
 limit (one token per shipment), the contract door, the upload size. One bad
 line never blocks the others.
 
-Bounds: at most :data:`MAX_SHIPMENTS` lines, and the whole body within
+Every line is checked first (as a single POST checks its body); then the
+enqueue step of every valid one goes to the store together
+(``submit_imports``: one round trip per 100 on Redis, each line still its own
+atomic step, in order). Bounds: at most :data:`MAX_SHIPMENTS` lines, and the whole body within
 ``IMPORTER_MAX_UPLOAD_BYTES`` (the cut-body proof, ``Content-Length`` or
-``Content-Digest``, is the whole request's, as for any POST). Once the store
-does not answer, the lines after it are answered ``503`` without being tried
-(nothing of them was recorded), so a bulk never waits out the store's timeout
+``Content-Digest``, is the whole request's, as for any POST). When the store
+does not answer, every line not yet answered is ``503`` (the store may or
+may not have recorded it), and a bulk never waits out the store's timeout
 once per line. A client that lost the answer sends the same body again: every
 shipment is recorded once (a line already recorded answers its job again).
 """
@@ -28,7 +31,8 @@ from dataclasses import replace
 from typing import Any
 
 from importer.domain.contract import GROUP_VERSION
-from importer.domain.submit_import import send_recorded, submit_import
+from importer.domain.errors import DomainError
+from importer.domain.submit_import import Accepted, Upload, send_recorded, submit_imports
 from importer.handlers.answers import answer_for
 from importer.handlers.api import Api, _content_type, accepted_body, enqueue_request_of, json_of
 from importer.handlers.http import Request, Response, json_response
@@ -57,30 +61,46 @@ def enqueue_bulk(api: Api, req: Request) -> Response:
         raise ApiError("request.invalid", instance=req.path, extra={"fields": {"body": [
             f"From 1 to {MAX_SHIPMENTS} shipments per request, each {{batchId, csv, location?}}."
         ]}})
-    results: list[dict[str, Any]] = []
-    store_down: dict[str, Any] | None = None
     single = replace(req, path="/api/imports")  # each line's answer is the single POST's, its instance too
+    results: list[dict[str, Any] | None] = [None] * len(shipments)
+    uploads: list[Upload] = []
+    positions: list[int] = []
+    for position, shipment in enumerate(shipments):
+        try:
+            uploads.append(_upload_of(api, single, shipment))
+            positions.append(position)
+        except Exception as exc:
+            results[position] = _failed(api, single, exc)
     # Small new shipments are recorded without their messages, then sent together (_send_later).
     later: list[tuple[str, str, str]] = []
+    failure: dict[str, Any] | None = None
+    try:
+        submitted = submit_imports(
+            api.store, api.sender, uploads, owner=req.owner or "", max_rows=api.max_rows, archive=api.archive,
+            send_later=later if api.group_max_bytes > 0 else None,
+        )
+    except Exception as exc:  # the store does not answer: nothing is known of any of them
+        failure = _failed(api, single, exc)
+        submitted = [exc] * len(uploads)
     position_of: dict[str, int] = {}
-    for shipment in shipments:
-        recorded = len(later)
-        entry = store_down or _one(api, single, shipment, later if api.group_max_bytes > 0 else None)
-        if entry["status"] == 503 and entry["body"].get("code") == "service.unavailable":
-            store_down = entry  # the store does not answer: the rest are not tried
-        if len(later) > recorded:
-            position_of[later[-1][0]] = len(results)
-        results.append(entry)
-    if later and store_down is not None:
-        for position in position_of.values():
-            results[position] = store_down  # recorded, not sent: the reconciler sends them
+    for position, upload, outcome in zip(positions, uploads, submitted):
+        if isinstance(outcome, Accepted):
+            results[position] = {"status": 202, "body": accepted_body(outcome, upload.location)}
+            position_of[outcome.job_id] = position
+        else:
+            results[position] = _failed(api, single, outcome)
+            if failure is None and not isinstance(outcome, DomainError):
+                failure = results[position]
+    if later and failure is not None:
+        for job_id, _, _ in later:
+            results[position_of[job_id]] = failure  # recorded, not sent: the reconciler sends them
     elif later:
         _send_later(api, single, later, position_of, results)
     return json_response(200, {"results": results}, (("Cache-Control", "no-store"),))
 
 
 def _send_later(
-    api: Api, req: Request, later: list[tuple[str, str, str]], position_of: dict[str, int], results: list[dict[str, Any]],
+    api: Api, req: Request, later: list[tuple[str, str, str]], position_of: dict[str, int], results: list[Any],
 ) -> None:
     """The messages of the shipments recorded without them: a group message per
     location and per GROUP_MAX while every live worker reads groups (with none
@@ -106,23 +126,16 @@ def _failed(api: Api, req: Request, exc: BaseException) -> dict[str, Any]:
     return entry
 
 
-def _one(api: Api, req: Request, shipment: Any, later: list[tuple[str, str, str]] | None) -> dict[str, Any]:
-    """One shipment's answer (an NDJSON line, or an item of the JSON list), as a single POST of it would get."""
-    try:
-        data = json_of(req, shipment) if isinstance(shipment, bytes) else shipment
-        batch_id, csv, location = enqueue_request_of(api, req, data)
-        if req.principal is not None:
-            req.principal.require(location)  # 404 location.not_found, before anything is recorded
-        if len(csv) > api.max_upload_bytes:
-            raise ApiError("request.too_large", instance=req.path)
-        accepted = submit_import(
-            api.store, api.sender, owner=req.owner or "", batch_id=batch_id, csv=csv, upload_id=api.uuidgen(),
-            max_rows=api.max_rows, rate_token=True, location=location, archive=api.archive,
-            send_later=later if later is not None and len(csv) <= api.group_max_bytes else None,
-        )
-    except Exception as exc:
-        return _failed(api, req, exc)
-    return {"status": 202, "body": accepted_body(accepted, location)}
+def _upload_of(api: Api, req: Request, shipment: Any) -> Upload:
+    """One shipment (an NDJSON line, or an item of the JSON list), checked as a single POST of it is
+    before anything is recorded; raises the problem that POST would answer."""
+    data = json_of(req, shipment) if isinstance(shipment, bytes) else shipment
+    batch_id, csv, location = enqueue_request_of(api, req, data)
+    if req.principal is not None:
+        req.principal.require(location)  # 404 location.not_found, before anything is recorded
+    if len(csv) > api.max_upload_bytes:
+        raise ApiError("request.too_large", instance=req.path)
+    return Upload(batch_id, csv, api.uuidgen(), location, send_later=len(csv) <= api.group_max_bytes)
 
 
 ROUTE_SPEC: dict[str, Any] = dict(method="POST", template="/api/imports/bulk", handler=enqueue_bulk, operation={

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry.trace import SpanKind
@@ -13,9 +14,13 @@ from importer.adapters.redis.errors import store_errors
 from importer.adapters.redis.keys import Keys
 from importer.adapters.redis.records import bytes_of, parse_versions, text_of
 from importer.domain.jobs import JobState
-from importer.domain.ports import EnqueueOutcome, RetryOutcome
+from importer.domain.ports import EnqueueCall, EnqueueOutcome, RetryOutcome
 from importer.domain.locations import MAIN
 from importer.domain.shipment import batch_id_of
+
+
+#: Script calls per round trip of :meth:`JobRecorder.enqueue_many`.
+PIPELINE_CALLS = 100
 
 
 class JobRecorder(RedisStoreBase):
@@ -29,8 +34,60 @@ class JobRecorder(RedisStoreBase):
         raw_sha256: str = "", stored_content: tuple[str, str] | None = None, rate_token: bool = False,
         ledger_asked: bool = False, send_later: bool = False,
     ) -> EnqueueOutcome:
-        k, s = self.partition_of(job_id), self.settings
         now = self._now()
+        # [trace] the message carries this span's context (the worker's attempt is its child)
+        with tracing.span("enqueue.lua", SpanKind.CLIENT, attributes={"db.system.name": "redis", "importer.job_id": job_id}):
+            call = self._enqueue_call(
+                job_id=job_id, batch_id=batch_id, owner=owner, content_sha256=content_sha256, upload_id=upload_id,
+                csv=csv, raw_sha256=raw_sha256, stored_content=stored_content, rate_token=rate_token,
+                ledger_asked=ledger_asked, send_later=send_later, now=now,
+            )
+            if isinstance(call, EnqueueOutcome):
+                return call
+            keys, args = call
+            with store_errors():
+                reply = self._script_shared("enqueue", keys=keys, args=args)
+        return self._enqueued(job_id, reply, now)
+
+    def enqueue_many(self, calls: Sequence[EnqueueCall]) -> list[EnqueueOutcome]:
+        """Each :meth:`enqueue` (its first call), in order, as pipelined script
+        calls: one round trip per :data:`PIPELINE_CALLS` (on a Redis Cluster one
+        call each, routed by slot). Each script is atomic on its own, and the
+        server runs them in the order sent, so every outcome is the one the
+        calls one after the other would have had. At a location but main,
+        admit.lua runs first for that call alone (its own round trip)."""
+        outcomes: list[EnqueueOutcome | None] = [None] * len(calls)
+        pending: list[tuple[int, list[Any], list[Any], int]] = []
+        with tracing.span("enqueue.lua", SpanKind.CLIENT, attributes={"db.system.name": "redis", "importer.jobs": len(calls)}):
+            for position, c in enumerate(calls):
+                now = self._now()
+                prepared = self._enqueue_call(
+                    job_id=c.job_id, batch_id=c.batch_id, owner=c.owner, content_sha256="", upload_id=c.upload_id,
+                    csv=c.csv, raw_sha256=c.raw_sha256, rate_token=c.rate_token, send_later=c.send_later, now=now,
+                )
+                if isinstance(prepared, EnqueueOutcome):
+                    outcomes[position] = prepared
+                else:
+                    pending.append((position, prepared[0], prepared[1], now))
+            for start in range(0, len(pending), PIPELINE_CALLS):
+                chunk = pending[start:start + PIPELINE_CALLS]
+                with store_errors():
+                    replies = self._pipelined([("enqueue", keys, args) for _, keys, args, _ in chunk])
+                for (position, _, _, now), reply in zip(chunk, replies):
+                    if isinstance(reply, Exception):
+                        with store_errors():
+                            raise reply
+                    outcomes[position] = self._enqueued(calls[position].job_id, reply, now)
+        return [o for o in outcomes if o is not None]
+
+    def _enqueue_call(
+        self, *, job_id: str, batch_id: str, owner: str, content_sha256: str, upload_id: str, csv: bytes,
+        raw_sha256: str, now: int, stored_content: tuple[str, str] | None = None, rate_token: bool = False,
+        ledger_asked: bool = False, send_later: bool = False,
+    ) -> tuple[list[Any], list[Any]] | EnqueueOutcome:
+        """enqueue.lua's keys and arguments for one job, or the refusal of
+        admit.lua at a location but main (its own round trip, first)."""
+        k, s = self.partition_of(job_id), self.settings
         # The owner's rate-limit token, in the script's first step (rate_token), as take_rate_token takes it.
         window_ms = max(1, int(s.rate_window_s * 1000))
         rate_limit = s.rate_limit if rate_token and s.rate_limit > 0 else 0
@@ -53,19 +110,21 @@ class JobRecorder(RedisStoreBase):
             job_id, batch_id, owner, content_sha256, upload_id, now, csv, s.events_maxlen, s.producer_version,
             rate_limit, window_ms * 2, raw_sha256, *(stored_content or ("", "")), "1" if ledger_asked else "",
         ]
-        with tracing.span("enqueue.lua", SpanKind.CLIENT, attributes={"db.system.name": "redis", "importer.job_id": job_id}):
-            parent = tracing.traceparent()  # [trace] '' when off
-            if self.messages is not None and not send_later:  # the location's queue: in its slot on a cluster (LocationQueues)
-                message = self.messages(job_id, batch_id, upload_id, parent)
-                keys += [message.queue_key, message.messages_key, k.deadline]
-                args += [message.redis_message_id, message.data, int(s.waiting_grace_s * 1000), parent]
-            elif parent:
-                args += ["", "", "", parent]
-            with store_errors():
-                reply = self._script_shared("enqueue", keys=keys, args=args)
+        parent = tracing.traceparent()  # [trace] '' when off
+        if self.messages is not None and not send_later:  # the location's queue: in its slot on a cluster (LocationQueues)
+            message = self.messages(job_id, batch_id, upload_id, parent)
+            keys += [message.queue_key, message.messages_key, k.deadline]
+            args += [message.redis_message_id, message.data, int(s.waiting_grace_s * 1000), parent]
+        elif parent:
+            args += ["", "", "", parent]
+        return keys, args
+
+    def _enqueued(self, job_id: str, reply: Any, now: int) -> EnqueueOutcome:
+        """What enqueue.lua's reply says (the replicas waited for, for a job that exists)."""
+        s = self.settings
         kind = text_of(reply[0])
         if kind in ("created", "exists"):
-            self._replicated(k)
+            self._replicated(self.partition_of(job_id))
         if kind == "created":
             return EnqueueOutcome("created", JobState.WAITING, sent=bool(int(reply[1])))
         if kind == "exists":
@@ -75,6 +134,7 @@ class JobRecorder(RedisStoreBase):
                 "no_worker", producer_version=s.producer_version, workers_accept=parse_versions(text_of(reply[1]))
             )
         if kind == "rate_limited":
+            window_ms = max(1, int(s.rate_window_s * 1000))
             return EnqueueOutcome("rate_limited", retry_after_ms=window_ms - now % window_ms)
         if kind == "content_needed":
             return EnqueueOutcome("content_needed", stored_upload_id=text_of(reply[1]))

@@ -136,3 +136,28 @@ def test_importer_submit_sends_a_folder_in_one_bulk_request(make_system: Any, tm
     for n in range(3):
         assert f"shipment-close-{n}" in done.stdout
     assert system.store().stock_of([f"CLOSE-{n}" for n in range(3)]) == {f"CLOSE-{n}": n + 1 for n in range(3)}
+
+
+def test_a_bulk_records_its_shipments_in_a_few_round_trips_not_one_each(make_system: Any) -> None:
+    """200 new small shipments: their enqueue steps travel pipelined (one round
+    trip per 100) and their messages as group messages: the server reads a few
+    requests from the HTTP process, not one or more per shipment (before: 200+).
+    Each is still its own step: every one recorded once, in order."""
+    system: System = make_system(IMPORTER_RATE_LIMIT="0")
+    system.start_http()
+    admin = system.store().client
+    lines = [line(f"rt-{n}", {f"RT-{n % 7}": n % 5 + 1}) for n in range(200)]
+    bulk(system, lines[:1])  # the server's connections are open and its scripts loaded
+    before = int(admin.info("stats")["total_reads_processed"])
+    status, answer = bulk(system, lines)
+    reads = int(admin.info("stats")["total_reads_processed"]) - before
+    assert status == 200
+    assert [r["status"] for r in answer["results"]] == [202] * 200
+    assert [r["body"]["jobId"] for r in answer["results"]] == [f"shipment-rt-{n}" for n in range(200)]
+    # 2 enqueue pipelines, the live workers, 4 group sends (on RabbitMQ: publishes) and their marks, + the INFO
+    assert reads < 40, reads
+    waiting = admin.zrange(system.prefix + "jobs:waiting", 0, -1)
+    assert len(waiting) == 200 and len(set(waiting)) == 200
+    if system.transport == "redis":
+        queue = f"{system.prefix}dramatiq:{system.queue_name}"
+        assert admin.llen(queue) == 1 + 4  # rt-0's, sent before; then the 199 new ones: 64 + 64 + 64 + 7

@@ -13,7 +13,7 @@ from importer.domain.locations import MAIN, location_of_job
 from importer.domain.contract import live_workers_can_run
 from importer.domain.jobs import JobRecord, JobState, RejectionReport, ShipmentRecord
 from importer.domain.errors import PublicError
-from importer.domain.ports import ApplyResult, EnqueueOutcome, OneStepImport, RetryOutcome, StartedAttempt, StartOutcome
+from importer.domain.ports import ApplyResult, EnqueueCall, EnqueueOutcome, OneStepImport, RetryOutcome, StartedAttempt, StartOutcome
 from importer.domain.receipt import StoredReceipt
 from importer.domain.shipment import Shipment
 
@@ -105,6 +105,14 @@ class FakeStore:
         self.raw_hashes[job_id] = raw_sha256
         self.uploads[upload_id] = csv
         return EnqueueOutcome("created", "waiting", sent=self.sends_with_record and not send_later)
+
+    def enqueue_many(self, calls: Sequence[EnqueueCall]) -> list[EnqueueOutcome]:
+        """Each enqueue, in order (the store's one round trip is one loop here)."""
+        return [
+            self.enqueue(job_id=c.job_id, batch_id=c.batch_id, owner=c.owner, content_sha256="", upload_id=c.upload_id,
+                         csv=c.csv, raw_sha256=c.raw_sha256, rate_token=c.rate_token, send_later=c.send_later)
+            for c in calls
+        ]
 
     def retry_job(self, *, job_id: str, owner: str, upload_id: str, retryable: frozenset[str]) -> RetryOutcome:
         """As retry.lua decides: the owner first, then the state, the failure's code, the upload, the door."""

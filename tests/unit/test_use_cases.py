@@ -7,7 +7,7 @@ import pytest
 from importer.domain.contract import encode_message
 from importer.domain.run_import import PermanentImportFailure, run_import
 from importer.domain.errors import BatchConflict
-from importer.domain.submit_import import submit_import
+from importer.domain.submit_import import Upload, submit_import, submit_imports
 from importer.domain.jobs import ShipmentRecord
 from importer.domain.shipment import content_key
 from tests.unit.fakes import EventRecorder, FakeAttemptStore, FakeSender, FakeStore
@@ -31,6 +31,35 @@ def test_submit_records_then_sends_then_marks_sent_once() -> None:
     assert [m.job_id for m in sender.sent] == ["shipment-b-1"]
     # Other bytes: the contents are compared, the stored upload's read once.
     assert store.calls == ["enqueue", "mark_sent", "enqueue", "read_upload", "enqueue"]
+
+
+def test_submit_imports_answers_each_as_submit_import_would_and_stops_calling_a_failed_transport() -> None:
+    store, sender = FakeStore(), FakeSender()
+    submit(store, sender, batch_id="b-known")
+    store.calls.clear()
+    later: list[tuple[str, str, str]] = []
+    uploads = [
+        Upload("b-new", CSV, "1" * 32, send_later=True),
+        Upload("b-known", b"sku,quantity\nA-1,9\n", "2" * 32),  # other content: a conflict
+        Upload("b-big", CSV, "3" * 32),  # sent on its own: the transport fails
+        Upload("b-big-2", CSV, "4" * 32),  # would be sent too: not tried
+        Upload("b-known", b"sku,quantity\nB-2,4\nA-1,3\n", "5" * 32),  # the same rows: needs more calls, not tried
+        Upload("b-new", CSV, "6" * 32, send_later=True),  # the same bytes again: its job, no call more
+    ]
+    sender.send = _failing  # type: ignore[method-assign]
+
+    got = submit_imports(store, sender, uploads, owner="owner-a", max_rows=100, send_later=later)
+
+    assert [type(r).__name__ for r in got] == [
+        "Accepted", "BatchConflict", "ConnectionError", "ConnectionError", "ConnectionError", "Accepted"]
+    assert got[2] is got[3] is got[4]  # the same failure, the others not tried
+    assert later == [("shipment-b-new", "b-new", "1" * 32)]  # recorded, for the caller to send in a group
+    assert store.calls == ["enqueue"] * 6 + ["read_upload", "enqueue"]  # every first step (enqueue_many), then b-known's content
+    assert "mark_sent" not in store.calls
+
+
+def _failing(**_: object) -> None:
+    raise ConnectionError("the broker is away")
 
 
 def test_submit_hashes_only_the_bytes_of_a_new_batch_and_of_a_retry() -> None:
