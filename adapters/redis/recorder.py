@@ -19,8 +19,9 @@ from importer.domain.locations import MAIN
 from importer.domain.shipment import batch_id_of
 
 
-#: Script calls per round trip of :meth:`JobRecorder.enqueue_many`.
-PIPELINE_CALLS = 100
+#: Jobs per enqueue_many.lua call at most (JobRecorder.enqueue_many): a call
+#: holds the server for about their enqueue.lua calls' time.
+JOBS_PER_CALL = 64
 
 
 class JobRecorder(RedisStoreBase):
@@ -50,14 +51,15 @@ class JobRecorder(RedisStoreBase):
         return self._enqueued(job_id, reply, now)
 
     def enqueue_many(self, calls: Sequence[EnqueueCall]) -> list[EnqueueOutcome]:
-        """Each :meth:`enqueue` (its first call), in order, as pipelined script
-        calls: one round trip per :data:`PIPELINE_CALLS` (on a Redis Cluster one
-        call each, routed by slot). Each script is atomic on its own, and the
-        server runs them in the order sent, so every outcome is the one the
-        calls one after the other would have had. At a location but main,
-        admit.lua runs first for that call alone (its own round trip)."""
+        """Each :meth:`enqueue` (its first call), in order: the calls of
+        consecutive jobs of one partition (location) in one enqueue_many.lua
+        call of up to :data:`JOBS_PER_CALL` (enqueue.lua's step for each, as if
+        called one after the other), and those script calls pipelined, one
+        round trip for the whole bulk (on a Redis Cluster one round trip per
+        script call, routed by slot). At a location but main, admit.lua runs
+        first for that job alone (its own round trip)."""
         outcomes: list[EnqueueOutcome | None] = [None] * len(calls)
-        pending: list[tuple[int, list[Any], list[Any], int]] = []
+        runs: list[tuple[str, list[tuple[int, list[Any], list[Any], int]]]] = []
         with tracing.span("enqueue.lua", SpanKind.CLIENT, attributes={"db.system.name": "redis", "importer.jobs": len(calls)}):
             for position, c in enumerate(calls):
                 now = self._now()
@@ -67,17 +69,24 @@ class JobRecorder(RedisStoreBase):
                 )
                 if isinstance(prepared, EnqueueOutcome):
                     outcomes[position] = prepared
-                else:
-                    pending.append((position, prepared[0], prepared[1], now))
-            for start in range(0, len(pending), PIPELINE_CALLS):
-                chunk = pending[start:start + PIPELINE_CALLS]
-                with store_errors():
-                    replies = self._pipelined([("enqueue", keys, args) for _, keys, args, _ in chunk])
-                for (position, _, _, now), reply in zip(chunk, replies):
-                    if isinstance(reply, Exception):
-                        with store_errors():
-                            raise reply
-                    outcomes[position] = self._enqueued(calls[position].job_id, reply, now)
+                    continue
+                location = self.partition_of(c.job_id).location
+                if not runs or runs[-1][0] != location or len(runs[-1][1]) >= JOBS_PER_CALL:
+                    runs.append((location, []))
+                runs[-1][1].append((position, prepared[0], prepared[1], now))
+            script_calls: list[tuple[str, list[Any], list[Any]]] = []
+            for _, jobs in runs:
+                keys: list[Any] = []
+                args: list[Any] = [len(jobs)]
+                for _, job_keys, job_args, _ in jobs:
+                    keys += job_keys
+                    args += [len(job_keys), len(job_args), *job_args]
+                script_calls.append(("enqueue_many", keys, args))
+            with store_errors():
+                replies = self._pipelined(script_calls) if script_calls else []
+            for (_, jobs), reply in zip(runs, replies):
+                for (position, _, _, now), job_reply in zip(jobs, reply):
+                    outcomes[position] = self._enqueued(calls[position].job_id, job_reply, now)
         return [o for o in outcomes if o is not None]
 
     def _enqueue_call(

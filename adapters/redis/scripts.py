@@ -17,13 +17,13 @@ DURATION_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30
 SCRIPT_NAMES = (
     "enqueue", "start", "apply", "start_apply", "fail", "read_owned", "read_receipt", "read_rejections",
     "reconcile_due", "reconcile", "retain_index", "retain_drop", "renew", "presence", "retry", "admit", "live_workers",
-    "mark_sent", "ledger_trim", "ledger_prune", "ops_overview",
+    "mark_sent", "ledger_trim", "ledger_prune", "ops_overview", "enqueue_many",
 )
 
 #: Scripts that run other scripts' bodies as local functions (name -> the
 #: scripts they run, each as ``<name>_step(KEYS, ARGV)``), so that their rules
 #: stay written once (see start_apply.lua).
-_STEPS = {"start_apply": ("start", "apply")}
+_STEPS = {"start_apply": ("start", "apply"), "enqueue_many": ("enqueue",)}
 
 
 def _constants() -> str:

@@ -116,9 +116,16 @@ def _end_to_end(cluster: LocalCluster, system: System) -> None:
         assert len(big) > 16384
         status, _, raw = system.request("POST", f"/api/imports?batchId=c-big&location={locations[2]}", body=big, ctype="text/csv")
         assert status == 202, raw
+        # One bulk request with a shipment at every location (enqueue_many.lua in each one's slot, group messages).
+        lines = b"".join(json.dumps({"batchId": "c-bulk", "location": loc, "csv": "sku,quantity\nBULK-C,4\n"}).encode() + b"\n"
+                         for loc in locations)
+        status, _, raw = system.request("POST", "/api/imports/bulk", body=lines, ctype="application/x-ndjson")
+        assert status == 200 and [r["status"] for r in json.loads(raw)["results"]] == [202] * len(locations), raw
         for location in locations:
             record = system.wait_state(job_id_for("c-1", location))
             assert (record["state"], record["location"]) == ("completed", location), record
+            assert system.wait_state(job_id_for("c-bulk", location))["state"] == "completed"
+            assert system.store().stock_of(["BULK-C"], location) == {"BULK-C": 4}
         assert system.wait_state(bad_job)["state"] == "failed"
         assert system.wait_state(job_id_for("c-big", locations[2]))["state"] == "completed"
         status, _, report = system.request("GET", f"/api/imports/{bad_job}/rejections.csv")
@@ -146,9 +153,9 @@ def _end_to_end(cluster: LocalCluster, system: System) -> None:
             assert store.client.exists(store.partition(location).receipt("c-1")) == 0
             assert system.request("GET", f"/api/shipments/c-1/receipt?location={location}")[2] == receipts[location]
         status, page = _get(system, "/api/imports?limit=100")
-        assert status == 200 and len(page["items"]) == 8
+        assert status == 200 and len(page["items"]) == 8 + len(locations)  # c-1 at each, c-bad, c-big, c-bulk at each
         status, page = _get(system, f"/api/imports?location={locations[1]}")
-        assert [i["id"] for i in page["items"]] == [job_id_for("c-1", locations[1])]
+        assert [i["id"] for i in page["items"]] == [job_id_for("c-bulk", locations[1]), job_id_for("c-1", locations[1])]
         status, page = _get(system, "/api/imports", key=system.other_key)
         assert page["items"] == []
         status, _, html = system.request("GET", "/", key=None)
@@ -160,7 +167,8 @@ def _end_to_end(cluster: LocalCluster, system: System) -> None:
             lines = [json.loads(x) for x in events_out.read_text().splitlines() if x.strip()]
             return {e["jobId"] for e in lines if e["event"] == "completed"}
 
-        wait_for(lambda: len(completed_seen()) == 7, 15, message="the observer saw every location's import")
+        # c-1 and c-bulk at each location, c-big
+        wait_for(lambda: len(completed_seen()) == 1 + 2 * len(locations), 15, message="the observer saw every location's import")
 
         # reconcile.lua and retain_drop.lua run only when a job is due or a
         # record is to be removed: give them one of each, with a store whose

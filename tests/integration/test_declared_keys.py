@@ -30,7 +30,8 @@ import redis
 from importer.adapters.redis.scripts import SCRIPT_NAMES, lua_source
 from importer.adapters.settings import Settings
 from importer.domain.errors import CsvIssue, PublicError
-from importer.domain.shipment import Row, Shipment, job_id_for
+from importer.domain.ports import EnqueueCall
+from importer.domain.shipment import Row, Shipment, bytes_sha256, job_id_for
 from tests.integration.support import ProbeStore
 
 pytestmark = pytest.mark.integration
@@ -150,6 +151,12 @@ def _exercise_every_script(store: ProbeStore) -> None:
 
     # [ops] the operators' view of a location's queue.
     assert store.location_queue("paris").location == "paris"
+
+    # A bulk's enqueue steps (enqueue_many.lua), at two locations, one job twice.
+    bulk = [EnqueueCall(job_id_for(b, loc), b, "o", uuid.uuid4().hex, CSV, bytes_sha256(CSV), rate_token=True,
+                        send_later=later)
+            for b, loc, later in (("bulk-1", "main", True), ("bulk-2", "paris", False), ("bulk-1", "main", True))]
+    assert [o.kind for o in store.enqueue_many(bulk)] == ["created", "created", "exists"]
 
     # Separate steps, then one step (start_apply), at main and at another location.
     for location in ("main", "paris"):

@@ -263,8 +263,13 @@ local function mark_failed(step, batch_id, attempt, error_json, diagnostic)
 end
 
 -- [ops] Whether an operator paused new uploads at this location, or everywhere (POST /api/ops/intake).
+-- In a batch (enqueue_many.lua) it is read once per call: nothing the call writes changes it.
 local function intake_paused(paused_key, location)
-  return redis.call('HEXISTS', paused_key, '*') == 1 or redis.call('HEXISTS', paused_key, location) == 1
+  local memo = BATCH and BATCH.memo
+  if memo and memo['paused ' .. paused_key .. ' ' .. location] ~= nil then return memo['paused ' .. paused_key .. ' ' .. location] end
+  local paused = redis.call('HEXISTS', paused_key, '*') == 1 or redis.call('HEXISTS', paused_key, location) == 1
+  if memo then memo['paused ' .. paused_key .. ' ' .. location] = paused end
+  return paused
 end
 
 -- [door] nil when a producer of `version` may record new work, else the
@@ -273,7 +278,7 @@ end
 -- the version, whatever the number of workers; the rest only when none does.
 -- No live worker at all: nil (queued work waits). A live id without an
 -- accepts entry (removed by hand) counts as absent.
-local function no_worker_accepts(workers_key, accepts_key, version_key, version)
+local function no_worker_accepts_now(workers_key, accepts_key, version_key, version)
   local now = server_ms()
   if redis.call('ZCOUNT', version_key, now, '+inf') > 0 then return nil end
   local live = redis.call('ZRANGEBYSCORE', workers_key, now, '+inf')
@@ -293,6 +298,15 @@ local function no_worker_accepts(workers_key, accepts_key, version_key, version)
   for v in pairs(seen) do versions[#versions + 1] = v end
   table.sort(versions)
   return table.concat(versions, ',')
+end
+
+-- In a batch (enqueue_many.lua) the door is checked once per call: nothing the call writes changes it.
+local function no_worker_accepts(workers_key, accepts_key, version_key, version)
+  local memo = BATCH and BATCH.memo
+  if not memo then return no_worker_accepts_now(workers_key, accepts_key, version_key, version) end
+  local name = 'door ' .. version_key
+  if memo[name] == nil then memo[name] = no_worker_accepts_now(workers_key, accepts_key, version_key, version) or false end
+  return memo[name] or nil
 end
 
 -- [ledger] The Bloom filter of pruned batchIds (P:ledger:pruned:filter): 2^22

@@ -118,8 +118,8 @@ redis.call('HSET', job_key,
   'attempt', 0, 'contentSha256', sha, 'rawSha256', raw, 'uploadId', ARGV[5],
   'createdAt', ARGV[6], 'updatedAt', ARGV[6])
 redis.call('SET', upload_key, ARGV[7])
-redis.call('ZADD', KEYS[5], ARGV[6], job_id)
-redis.call('ZADD', KEYS[7], ARGV[6], job_id)  -- [console] GET /api/imports
+zadd(KEYS[5], ARGV[6], job_id)
+zadd(KEYS[7], ARGV[6], job_id)  -- [console] GET /api/imports
 if ARGV[19] and ARGV[19] ~= '' then redis.call('HSET', job_key, 'traceparent', ARGV[19]) end  -- [trace]
 emit(KEYS[6], KEYS[12], ARGV[8], 'waiting', job_id, batch_id, 0, '{}')
 local queue_key, messages_key = KEYS[15], KEYS[16]
@@ -130,5 +130,5 @@ if queue_key and message_id then
   redis.call('ZADD', KEYS[17], 'NX', tonumber(ARGV[6]) + tonumber(ARGV[18]), job_id)
   return {'created', 1}
 end
-redis.call('ZADD', KEYS[4], ARGV[6], job_id)
+zadd(KEYS[4], ARGV[6], job_id)
 return {'created', 0}
