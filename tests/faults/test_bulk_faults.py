@@ -2,7 +2,8 @@
 (SIGSTOP, the whole group) while it records the bulk's shipments, checked to be
 in the middle of them, and SIGKILLed; the client, which got no answer, sends
 the same body to a new process. Every shipment is then recorded once and
-applied once, and every 202 becomes final."""
+applied once, every 202 becomes final, and with the ledger on, each is in
+PostgreSQL once with its movements (`importer ledger verify` clean)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ import threading
 import time
 from typing import Any
 
+import psycopg
 import pytest
 
 from tests.integration.support import System, wait_for
+from tests.integration.test_ledger import ledger_rows, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -39,9 +42,12 @@ def _expected_stock() -> dict[str, int]:
     return stock
 
 
-def test_an_http_process_killed_mid_bulk_leaves_every_shipment_once(make_redis: Any, make_faulty: Any) -> None:
+def test_an_http_process_killed_mid_bulk_leaves_every_shipment_once(
+    make_redis: Any, make_faulty: Any, make_database: Any,
+) -> None:
     server = make_redis()
-    system: System = make_faulty(server)
+    db = make_database()
+    system: System = make_faulty(server, IMPORTER_DATABASE_URL=db)
     http = system.start_http(workers=1)
     body = _body()
     client = server.client()
@@ -81,4 +87,13 @@ def test_an_http_process_killed_mid_bulk_leaves_every_shipment_once(make_redis: 
     stock = {k.decode(): int(v) for k, v in client.hgetall(f"{system.prefix}stock").items()}
     assert stock == _expected_stock()
     assert client.zcard(owner_jobs) == SHIPMENTS
+    # [ledger] every applied shipment exported once, its movements adding up to the stock.
+    assert system.start_ledger(once=True).popen.wait(120) == 0
+    shipments, _ = ledger_rows(db)
+    assert len(shipments) == SHIPMENTS
+    with psycopg.connect(db) as conn:
+        moved = dict(conn.execute("SELECT sku, sum(quantity) FROM ledger_movements GROUP BY sku").fetchall())
+    assert {sku: int(total) for sku, total in moved.items()} == _expected_stock()
+    verified = run_cli(system, "ledger", "verify")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
     print(f"[faults] bulk cut at {recorded}/{SHIPMENTS} recorded; all final {time.monotonic() - started:.1f} s after the resend")
