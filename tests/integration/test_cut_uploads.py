@@ -1,4 +1,6 @@
-"""A cut upload is never applied, on every server and at every cut point.
+"""A cut upload is never applied, on every server and at every cut point;
+nor is any shipment of a cut bulk request (NDJSON cut inside a line or on a
+line boundary).
 
 Raw sockets against real servers (granian through ``importer serve``, the
 default; gunicorn; waitress through the documented factory) with a real worker
@@ -275,3 +277,41 @@ def test_the_lambda_handler_refuses_a_body_it_cannot_prove_whole(lambda_handler:
     assert (record["state"], record["result"]["imported"]) == ("completed", ROWS)
     assert s.store().stock_of(SKUS) == {sku: 100 + n for n, sku in enumerate(SKUS)}
     wait_for(lambda: s.store().generation() == 1, 5, message="one application")
+
+
+#: A bulk request (NDJSON) of 5 shipments; each cut below is on a line boundary
+#: or inside a line: a body that ends at a line boundary is still cut.
+BULK_LINES = [json.dumps({"batchId": f"bulk-cut-{n}", "csv": f"sku,quantity\nCUT-{n:03d},{n + 1}\n"}).encode() + b"\n"
+              for n in range(5)]
+BULK = b"".join(BULK_LINES)
+AFTER_TWO_LINES = len(BULK_LINES[0]) + len(BULK_LINES[1])
+BULK_CUTS: dict[str, tuple[str, bytes]] = {
+    "length-mid-line": (f"Content-Length: {len(BULK)}", BULK[:AFTER_TWO_LINES + 10]),
+    "length-between-lines": (f"Content-Length: {len(BULK)}", BULK[:AFTER_TWO_LINES]),
+    "chunk-between-lines": ("Transfer-Encoding: chunked", _chunk(BULK[:AFTER_TWO_LINES])),
+    "chunk-no-last-chunk": ("Transfer-Encoding: chunked", _chunk(BULK[:AFTER_TWO_LINES]) + _chunk(BULK[AFTER_TWO_LINES:])),
+}
+
+
+@pytest.mark.parametrize("mode", ["half-close", "close"])
+def test_no_cut_bulk_records_a_shipment_and_the_whole_bulk_then_applies_once(served: System, server: str, mode: str) -> None:
+    s = served
+    answers = {}
+    for name, (framing, sent) in BULK_CUTS.items():
+        head = (f"POST /api/imports/bulk HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-ndjson\r\n"
+                f"Authorization: Bearer {s.api_key}\r\n{framing}\r\n\r\n").encode()
+        answers[name] = send_cut(s, head + sent, mode)
+    print(f"[cut] bulk {server} {mode}: {answers}")
+    if mode == "half-close":
+        assert answers == {name: expected(server, name) for name in BULK_CUTS}
+    time.sleep(1.0)  # a server still busy with a closed connection would record now
+    for n in range(len(BULK_LINES)):
+        assert s.request("GET", f"/api/imports/shipment-bulk-cut-{n}")[0] == 404, n
+    assert s.store().generation() == 0
+    status, _, raw = s.request("POST", "/api/imports/bulk", body=BULK, ctype="application/x-ndjson",
+                               headers={"Content-Digest": digest_of(BULK)})
+    assert status == 200 and [r["status"] for r in json.loads(raw)["results"]] == [202] * len(BULK_LINES), raw
+    for n in range(len(BULK_LINES)):
+        assert s.wait_state(f"shipment-bulk-cut-{n}")["state"] == "completed"
+    assert s.store().stock_of([f"CUT-{n:03d}" for n in range(5)]) == {f"CUT-{n:03d}": n + 1 for n in range(5)}
+    assert s.store().generation() == len(BULK_LINES)
