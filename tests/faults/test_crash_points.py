@@ -60,8 +60,9 @@ GRACE = float(FAULT_ENV["IMPORTER_WAITING_GRACE"])
 #: that never started, within the waiting grace + one pass (4 s); an applied
 #: one is already completed.
 DOCUMENTED = {"waiting": GRACE + INTERVAL, "active": LEASE + INTERVAL, "completed": 0.0}
-#: On top of it: the new attempt's own time (100,000 rows) on a loaded machine.
-SLACK = 3.0
+#: On top of it: a new worker's boot and the new attempt's own time (100,000
+#: rows) on a loaded machine (CI met 8.1 s with 3 s here, the bound being 5 s).
+SLACK = 5.0
 #: No drain delay: no load balancer here, and each test stops its server.
 ENV = {"IMPORTER_HTTP_DRAIN_DELAY": "0"}
 ONE_STEP_MAX = 16 * 1024  # the default IMPORTER_ONE_STEP_MAX_BYTES
