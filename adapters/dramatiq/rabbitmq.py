@@ -136,6 +136,21 @@ class BoundedRabbitmqBroker(RabbitmqBroker):
             state.armed.append(_arm(connection, deadline))
         try:
             return super().enqueue(message, delay=delay)
+        except ConnectionClosed:
+            raise
+        except Exception as exc:  # noqa: BLE001 - see below
+            # dramatiq's enqueue tries again on pika's connection and channel
+            # errors only; anything else that escapes a publish (a pika error of
+            # another kind, or pika's own state checks failing on a connection the
+            # node's death tore down) means alike that no confirm came: the
+            # message is not known to be sent. 503 and the reconciler sends it,
+            # never a 500 (seen once in CI with the node SIGKILLed).
+            self.logger.warning("publish failed: %s: %s", type(exc).__name__, exc)
+            try:
+                del self.connection  # the next publish opens a new one
+            except Exception:  # noqa: BLE001 - closing what is already broken
+                pass
+            raise ConnectionClosed(exc) from None
         finally:
             for armed in state.armed:
                 _disarm(armed)

@@ -6,7 +6,11 @@ from __future__ import annotations
 from urllib.parse import parse_qsl
 
 import pika
+import pika.exceptions
 import pytest
+from dramatiq import Message
+from dramatiq.brokers.rabbitmq import RabbitmqBroker
+from dramatiq.errors import BrokerError, ConnectionClosed
 
 from importer.adapters.dramatiq.broker import build_broker
 from importer.adapters.dramatiq.rabbitmq import BoundedRabbitmqBroker, with_amqp_timeouts
@@ -45,6 +49,22 @@ def test_an_amqp_url_gets_the_bounded_broker_with_the_socket_timeout_as_its_boun
     assert isinstance(broker, BoundedRabbitmqBroker)
     assert broker.bound_s == 3.0 and broker.confirm_delivery
     assert broker.parameters.blocked_connection_timeout == 3.0
+
+
+@pytest.mark.parametrize("raised", [pika.exceptions.ProtocolSyntaxError("bad frame"), AssertionError("pika's state")])
+def test_a_publish_that_fails_any_other_way_is_a_closed_connection_not_a_500(
+    raised: Exception, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """dramatiq tries again on pika's connection and channel errors only; anything
+    else a publish raises is ConnectionClosed (a BrokerError: 503, the reconciler sends)."""
+    def publish(self: object, message: object, *, delay: object = None) -> object:
+        raise raised
+
+    monkeypatch.setattr(RabbitmqBroker, "enqueue", publish)
+    broker = BoundedRabbitmqBroker(url="amqp://guest:guest@127.0.0.1:1/%2F", bound_s=1.0)
+    with pytest.raises(ConnectionClosed) as caught:
+        broker.enqueue(Message(queue_name="q", actor_name="a", args=(), kwargs={}, options={}))
+    assert isinstance(caught.value, BrokerError)
 
 
 @pytest.mark.parametrize("reason", ["broker_blocked", "broker_unreachable"])
