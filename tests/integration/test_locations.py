@@ -188,13 +188,16 @@ def test_the_observer_follows_every_location_and_resumes_each(system: System) ->
     from tests.integration.support import wait_for
 
     out = system.workdir / "events.jsonl"
-    with out.open("wb") as sink:
+    errors = system.workdir / "events.log"
+    with out.open("wb") as sink, errors.open("wb") as log:
         observer = subprocess.Popen(
             [sys.executable, "-m", "importer.adapters.processes.cli", "events", "--json"],
-            env={**system.env, "IMPORTER_LOG_FORMAT": "text"}, stdout=sink, stderr=subprocess.DEVNULL,
+            env={**system.env, "IMPORTER_LOG_FORMAT": "text"}, stdout=sink, stderr=log,
         )
     try:
-        time.sleep(1.5)  # watching main before the first job at paris exists
+        # Watching ("from now") before the first job exists: a start-up slower than a
+        # fixed sleep (CI under load) would begin after the events and miss them.
+        wait_for(lambda: "events.watching" in errors.read_text(), 30, message="the observer watching")
         for batch, location in (("obs-a", "main"), ("obs-b", "paris"), ("obs-c", "rome")):
             assert _post(system, batch, location)[0] == 202
         for job_id in ("shipment-obs-a", "shipment-obs-b@paris", "shipment-obs-c@rome"):
