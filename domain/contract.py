@@ -222,3 +222,10 @@ def live_workers_can_run(version: int, live_workers_accept: Collection[frozenset
     test holds the two to the same answers.)
     """
     return not live_workers_accept or any(version in accepts for accepts in live_workers_accept)
+
+
+def every_live_worker_reads_groups(live_workers_accept: Collection[frozenset[int]]) -> bool:
+    """May group messages (:data:`GROUP_VERSION`) be sent now? Only while every
+    live worker reads them (with none alive too: queued work waits, as at the
+    door); otherwise a worker that does not would fail every import it takes."""
+    return all(GROUP_VERSION in accepts for accepts in live_workers_accept)

@@ -199,6 +199,7 @@ def _asked_ledger(
 
 def send_recorded(
     recorder: JobRecorder, sender: MessageSender, jobs: Sequence[tuple[str, str, str]], *, grouped: bool,
+    mark_sent: bool = True,
 ) -> list[tuple[str, BaseException | None]]:
     """Send the messages of jobs recorded with ``send_later`` (jobId, batchId,
     uploadId), and mark them sent: with ``grouped``, one message of contract
@@ -207,7 +208,9 @@ def send_recorded(
     each. Returns each jobId with what its send raised (None: sent); after a
     send raised, the rest are not tried (each would wait out the store's
     timeout) and get the same exception. A job whose send failed stays in the unsent index, which the workers' reconciler sends:
-    it is never lost, and the caller answers 503 (a resend is safe)."""
+    it is never lost, and the caller answers 503 (a resend is safe).
+    ``mark_sent`` False: the caller's store step already gave them their
+    deadlines (the reconciler's re-sends)."""
     outcomes: list[tuple[str, BaseException | None]] = []
     by_location: dict[str, list[tuple[str, str, str]]] = {}
     for job in jobs:
@@ -223,7 +226,8 @@ def send_recorded(
                         sender.send_group(chunk)
                     else:
                         sender.send(job_id=chunk[0][0], batch_id=chunk[0][1], upload_id=chunk[0][2])
-                    recorder.mark_sent_many([job_id for job_id, _, _ in chunk])
+                    if mark_sent:
+                        recorder.mark_sent_many([job_id for job_id, _, _ in chunk])
                 except Exception as exc:  # the transport or the store: the rest are not tried either
                     failed = exc
             outcomes += [(job_id, failed) for job_id, _, _ in chunk]

@@ -30,7 +30,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from importer.domain.contract import GROUP_VERSION
+from importer.domain.contract import every_live_worker_reads_groups
 from importer.domain.errors import DomainError
 from importer.domain.submit_import import Accepted, Upload, send_recorded, submit_imports
 from importer.handlers.answers import answer_for
@@ -109,7 +109,7 @@ def _send_later(
     failed is: its job waits in the unsent index for the reconciler, and the
     same body sent again answers its job (nothing recorded twice)."""
     try:
-        grouped = all(GROUP_VERSION in accepts for accepts in api.store.live_workers().values())
+        grouped = every_live_worker_reads_groups(api.store.live_workers().values())
     except Exception:
         grouped = False  # the store is away: the sends below fail alike, and are answered 503
     for job_id, exc in send_recorded(api.store, api.sender, later, grouped=grouped):

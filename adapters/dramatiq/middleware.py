@@ -17,9 +17,10 @@ from importer.adapters.redis.errors import StoreUnavailable, store_errors
 from importer.adapters.redis.records import members_of
 from importer.adapters.redis.store import RedisStore
 from importer.adapters.settings import Settings
-from importer.domain.contract import job_ids_of
+from importer.domain.contract import every_live_worker_reads_groups, job_ids_of
 from importer.domain.errors import PublicError
 from importer.domain.run_import import PermanentImportFailure
+from importer.domain.submit_import import send_recorded
 
 from importer.adapters.dramatiq.broker import ImporterRedisBroker
 from importer.adapters.dramatiq.producer import ImportQueue
@@ -166,12 +167,19 @@ class Reconciler(Middleware):
             if not self.store.client.set(lock, os.getpid(), nx=True, px=int(self.settings.reconcile_interval_s * 1000)):
                 return 0
         self._requeue_dead_workers()
+        due = self.store.reconcile()
         sent = 0
-        for job_id, batch_id, upload_id in self.store.reconcile():
+        if due:
             assert self.queue is not None  # set at worker boot, before the loop starts
-            self.queue.send(job_id=job_id, batch_id=batch_id, upload_id=upload_id)
-            log_event(log, "reconciler.resent", jobId=job_id, batchId=batch_id)
-            sent += 1
+            # As a bulk's: group messages per location while every live worker reads them.
+            grouped = every_live_worker_reads_groups(self.store.live_workers().values())
+            batch_of = {job_id: batch_id for job_id, batch_id, _ in due}
+            for job_id, failed in send_recorded(self.store, self.queue, due, grouped=grouped, mark_sent=False):
+                if failed is not None:  # still due: the next pass sends it
+                    log_event(log, "reconciler.send_failed", logging.WARNING, jobId=job_id, error=type(failed).__name__)
+                    continue
+                log_event(log, "reconciler.resent", jobId=job_id, batchId=batch_of[job_id], grouped=grouped)
+                sent += 1
         self._drop_stranded_acks()
         return sent
 

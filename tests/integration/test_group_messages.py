@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import json
 import signal
+import time
+import uuid
 from typing import Any
 
 import pytest
 import redis
 
+from importer.adapters.dramatiq.middleware import Reconciler
+from importer.adapters.dramatiq.producer import ImportQueue
+from importer.domain.shipment import job_id_for
 from tests.integration.support import System, wait_for
 from tests.integration.test_bulk import bulk, line
 
@@ -125,3 +130,32 @@ def test_a_worker_sigkilled_with_group_messages_in_flight_loses_nothing_and_appl
     assert store.generation() == count
     assert store.stock_of(["K-A"]) == {"K-A": count}
     assert store.stock_of([f"K-{n}" for n in range(7)]) == {f"K-{n}": 2 * len(range(n, count, 7)) for n in range(7)}
+
+
+def test_the_reconciler_resends_due_jobs_as_group_messages(make_system: Any) -> None:
+    """Jobs recorded whose messages were never sent (a producer that died
+    between the two): the reconciler's pass sends them as group messages per
+    location while every live worker reads groups; a worker then runs each once."""
+    system: System = make_system(IMPORTER_RATE_LIMIT="0", IMPORTER_WAITING_GRACE="0.2")
+    system.start_http()  # declares the locations
+    store = system.store()
+    jobs = [(f"rs-{i}", "main") for i in range(70)] + [(f"rs-p-{i}", "paris") for i in range(3)]
+    for batch, location in jobs:
+        job_id = job_id_for(batch, location)
+        outcome = store.enqueue(job_id=job_id, batch_id=batch, owner="owner-a", content_sha256="",
+                                upload_id=uuid.uuid4().hex, csv=b"sku,quantity\nRS-1,1\n", send_later=True)
+        assert outcome.kind == "created" and not outcome.sent
+    assert messages_in_queue(system) == []
+    time.sleep(0.3)  # past the waiting grace: due
+    reconciler = Reconciler(store, runner=None, settings=system.settings)  # type: ignore[arg-type]
+    reconciler.broker = system.queue().broker
+    reconciler.queue = ImportQueue(reconciler.broker, system.settings)
+    assert reconciler.reconcile_once() == len(jobs)
+    bodies = messages_in_queue(system)
+    if system.transport == "redis":
+        assert sorted(len(b["jobs"]) for b in bodies) == [3, 6, 64] and {b["version"] for b in bodies} == {3}
+    system.start_worker()
+    for batch, location in jobs:
+        record = system.wait_state(job_id_for(batch, location))
+        assert (record["state"], record["attempt"]) == ("completed", 1), record
+    assert store.stock_of(["RS-1"]) == {"RS-1": 70} and store.stock_of(["RS-1"], "paris") == {"RS-1": 3}
