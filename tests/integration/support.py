@@ -113,12 +113,19 @@ class Proc:
         self.popen.wait(timeout=10)
 
     def stop(self, timeout: float = 30) -> int:
+        self.terminate()
+        return self.wait_stopped(timeout)
+
+    def terminate(self) -> None:
+        """SIGTERM: a graceful stop begins (:meth:`wait_stopped` waits for it)."""
         if self.popen.poll() is None:
             self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
+
+    def wait_stopped(self, timeout: float = 30) -> int:
+        try:
+            self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
         return self.popen.returncode
 
 
@@ -218,6 +225,9 @@ class System:
             IMPORTER_ATTEMPT_LEASE="3",
             IMPORTER_BROKER_MAINTENANCE_CHANCE="1000000",
             IMPORTER_RECONCILE_INTERVAL="0.5",
+            # No load balancer to drain from: `importer serve` stops at once on SIGTERM
+            # (the tests of the drain set it).
+            IMPORTER_HTTP_DRAIN_DELAY="0",
             # The locations the tests use, declared by `importer serve` and `worker` at start.
             IMPORTER_LOCATIONS=TEST_LOCATIONS,
             PYTHONUNBUFFERED="1",
@@ -306,8 +316,11 @@ class System:
         return proc
 
     def stop_all(self) -> None:
+        # Every process stops at once (each graceful stop takes its own seconds: one after the other they added up).
         for proc in reversed(self.procs):
-            proc.stop()
+            proc.terminate()
+        for proc in reversed(self.procs):
+            proc.wait_stopped()
         for broker in self.brokers:
             broker.close()
             client = getattr(broker, "client", None)
