@@ -160,6 +160,15 @@ def peer_at_most(limit: float) -> Callable[[Row], tuple[str, str]]:
     return check
 
 
+def base_at_least(limit: float, what: str = "baseline") -> Callable[[Row], tuple[str, str]]:
+    """Importer ÷ baseline ≥ limit (throughput against a floor)."""
+    def check(row: Row) -> tuple[str, str]:
+        rt = ratio_of(row.imp, row.base)
+        text = f"≥ {limit:g}× {what}"
+        return text, ("n/a" if rt is None else _verdict(rt >= limit, rt, limit))
+    return check
+
+
 def base_at_most(limit: float) -> Callable[[Row], tuple[str, str]]:
     """Importer ÷ baseline ≤ limit."""
     def check(row: Row) -> tuple[str, str]:
