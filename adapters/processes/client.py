@@ -297,18 +297,35 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def _submit_bulk(args: argparse.Namespace, url: str, key: str, paths: list[Path]) -> int:
-    """POST /api/imports/bulk, as many requests as the bounds need: each file's batchId is its name."""
+    """POST /api/imports/bulk, as many requests as the bounds need: each file's batchId is its name.
+    One file never stops the others: a file that cannot be read is reported and
+    counted refused; one that is not UTF-8 (an NDJSON line cannot carry it) is
+    sent on its own, as its bytes, for the server's own answer."""
     lines: list[bytes] = []
-    for path in paths:
-        try:
-            text = path.read_bytes().decode("utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            print(f"importer: cannot read {path}: {getattr(err, 'strerror', None) or err}", file=sys.stderr)
-            return 2
-        item = {"batchId": path.stem, "csv": text, **({"location": args.location} if args.location else {})}
-        lines.append(json.dumps(item).encode())
     accepted: list[str] = []
     refused = 0
+    location = {"location": args.location} if args.location else {}
+    for path in paths:
+        try:
+            data = path.read_bytes()
+        except OSError as err:
+            print(f"refused {path.stem}: cannot read {path}: {err.strerror}", file=sys.stderr)
+            refused += 1
+            continue
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            query = urllib.parse.urlencode({"batchId": path.stem, **location})
+            body = _accepted(url, f"{url}/api/imports?{query}", key, data, "text/csv")
+            if body == 2:
+                return 2  # the server cannot be reached: nothing more can be sent
+            if isinstance(body, int):
+                refused += 1
+            else:
+                print(f"accepted {body['jobId']} (batch {body['batchId']}, {body['state']})", flush=True)
+                accepted.append(body["jobId"])
+            continue
+        lines.append(json.dumps({"batchId": path.stem, "csv": text, **location}).encode())
     while lines:
         size, take = 0, 0
         while take < len(lines) and take < BULK_LINES and (take == 0 or size + len(lines[take]) + 1 <= BULK_BYTES):

@@ -137,6 +137,20 @@ def test_importer_submit_sends_a_folder_in_one_bulk_request(make_system: Any, tm
         assert f"shipment-close-{n}" in done.stdout
     assert system.store().stock_of([f"CLOSE-{n}" for n in range(3)]) == {f"CLOSE-{n}": n + 1 for n in range(3)}
 
+    # A file that is not UTF-8 never stops the others: it goes on its own, as its bytes, and fails
+    # on the server with its own code; the others are accepted and applied; the exit code says one failed.
+    (folder / "latin1.csv").write_bytes("sku,quantity\nCAFÉ,1\n".encode("latin-1"))
+    (folder / "close-3.csv").write_text("sku,quantity\nCLOSE-3,4\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "importer.adapters.processes.cli", "submit", str(folder), "--wait"],
+        env={**system.env, "IMPORTER_URL": system.base_url, "IMPORTER_API_KEY": system.api_key},
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "shipment-close-3" in done.stdout and "shipment-latin1" in done.stdout
+    assert system.wait_state("shipment-latin1")["error"]["code"].startswith("csv.")
+    assert system.store().stock_of(["CLOSE-3"]) == {"CLOSE-3": 4}
+
 
 def test_a_bulk_records_its_shipments_in_a_few_round_trips_not_one_each(make_system: Any) -> None:
     """200 new small shipments: their enqueue steps travel pipelined (one round
