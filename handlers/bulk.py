@@ -147,8 +147,8 @@ ROUTE_SPEC: dict[str, Any] = dict(method="POST", template="/api/imports/bulk", h
         f"from 1 to {MAX_SHIPMENTS} lines, the whole body within the upload byte limit. The answer gives each line, "
         "in order, the status and body a single POST of it would get (202 with its job, or the problem), with "
         "retryAfter when that answer has one. Every rule of the single POST holds per shipment (rate limit: one "
-        "token each). Once the store does not answer, the lines after it are 503 without being tried. Sending the "
-        "same body again is safe: each shipment is recorded once."
+        "token each). When the store does not answer, every line not answered yet is 503 (it may or may not be "
+        "recorded). Sending the same body again is safe: each shipment is recorded once."
     ),
     "requestBody": {"required": True, "content": {"application/json": {"schema": "BulkRequest"}, NDJSON: {"schema": {
         "type": "array", "items": {"$ref": "#/components/schemas/EnqueueRequest"}, "minItems": 1, "maxItems": MAX_SHIPMENTS,
