@@ -127,11 +127,7 @@ def test_importer_submit_sends_a_folder_in_one_bulk_request(make_system: Any, tm
     for n in range(3):
         (folder / f"close-{n}.csv").write_text(f"sku,quantity\nCLOSE-{n},{n + 1}\n")
     (folder / "notes.txt").write_text("not a shipment")
-    done = subprocess.run(
-        [sys.executable, "-m", "importer.adapters.processes.cli", "submit", str(folder), "--wait"],
-        env={**system.env, "IMPORTER_URL": system.base_url, "IMPORTER_API_KEY": system.api_key},
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )
+    done = _submit_and_wait(system, folder)
     assert done.returncode == 0, done.stdout + done.stderr
     for n in range(3):
         assert f"shipment-close-{n}" in done.stdout
@@ -141,15 +137,20 @@ def test_importer_submit_sends_a_folder_in_one_bulk_request(make_system: Any, tm
     # on the server with its own code; the others are accepted and applied; the exit code says one failed.
     (folder / "latin1.csv").write_bytes("sku,quantity\nCAFÉ,1\n".encode("latin-1"))
     (folder / "close-3.csv").write_text("sku,quantity\nCLOSE-3,4\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "importer.adapters.processes.cli", "submit", str(folder), "--wait"],
-        env={**system.env, "IMPORTER_URL": system.base_url, "IMPORTER_API_KEY": system.api_key},
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )
+    done = _submit_and_wait(system, folder)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "shipment-close-3" in done.stdout and "shipment-latin1" in done.stdout
     assert system.wait_state("shipment-latin1")["error"]["code"].startswith("csv.")
     assert system.store().stock_of(["CLOSE-3"]) == {"CLOSE-3": 4}
+
+
+def _submit_and_wait(system: System, folder: Path) -> subprocess.CompletedProcess[str]:
+    """`importer submit FOLDER --wait`, as a producer runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "importer.adapters.processes.cli", "submit", str(folder), "--wait"],
+        env={**system.env, "IMPORTER_URL": system.base_url, "IMPORTER_API_KEY": system.api_key},
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
 
 
 def test_a_bulk_records_its_shipments_in_a_few_round_trips_not_one_each(make_system: Any) -> None:
