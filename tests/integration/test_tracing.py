@@ -104,8 +104,11 @@ def test_one_trace_spans_the_post_the_worker_and_a_retry(make_system: Any, colle
     assert retried["id"] not in {s["id"] for s in first} and retried["parent"] == enqueue["id"]
     (applied,) = wait_for(lambda: collector.named("start_apply.lua", CLIENT_TRACE), 15, message="the apply span")
     assert applied["parent"] == retried["id"] and applied["service"] == "importer-worker"
-    with collector.lock:
-        retry_request = [s for s in collector.spans if s["name"] == "POST /api/imports/{id}/retry"]
+    def retry_requests() -> list[dict[str, Any]]:
+        with collector.lock:
+            return [s for s in collector.spans if s["name"] == "POST /api/imports/{id}/retry"]
+    # The HTTP process exports its spans in batches: the retry's may land after the worker's.
+    retry_request = wait_for(retry_requests, 15, message="the retry request's span")
     assert len(retry_request) == 1 and retry_request[0]["trace"] != CLIENT_TRACE
 
     # The logs of each step name the trace (JSON lines: traceId beside requestId).
