@@ -167,6 +167,7 @@ class QueueAck:
     #: Called when the script acknowledged the message (dramatiq's consumer then skips its own ack).
     acknowledged: Callable[[], None]
 
+
 def event_dict(stream_id: str, fields: dict[Any, Any]) -> dict[str, Any]:
     """One entry of an events stream as the API, the console and the observer show it."""
     f = {text_of(k): text_of(v) for k, v in fields.items()}
@@ -182,3 +183,26 @@ def event_dict(stream_id: str, fields: dict[Any, Any]) -> dict[str, Any]:
         "attempt": int(f.get("attempt") or 0),
         "data": data,
     }
+
+
+def stream_id_key(stream_id: str) -> tuple[int, int]:
+    """A Redis stream id ('<ms>-<seq>') as the pair streams are ordered by."""
+    ms, _, seq = stream_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def job_stream_events(entry_id: str, fields: dict[Any, Any]) -> list[dict[str, Any]]:
+    """The events of one entry of a job's own stream P:events:<jobId>, in order,
+    each under its id in P:events (common.lua, emit): those of the entry's
+    numbered fields (id.1, event.1, attempt.1, data.1, ...) first, then its own."""
+    f = {text_of(k): v for k, v in fields.items()}
+    events = []
+    i = 1
+    while f"id.{i}" in f:
+        events.append(event_dict(text_of(f[f"id.{i}"]), {
+            "event": f.get(f"event.{i}"), "jobId": f.get("jobId"), "batchId": f.get("batchId"),
+            "attempt": f.get(f"attempt.{i}"), "data": f.get(f"data.{i}"),
+        }))
+        i += 1
+    events.append(event_dict(entry_id, f))
+    return events

@@ -181,7 +181,7 @@ def main() -> int:
     ap.add_argument("--against", metavar="REV", help="also measure the scripts of this git revision, alternating")
     ap.add_argument("--segments", action="store_true", help="then time each top-level statement of the script")
     ap.add_argument("--together", default="1", metavar="N,N...",
-                    help="imports per call of this tree's script, each a row (e.g. 1,4,16; --against runs 1)")
+                    help="imports per call, each a row (e.g. 1,4,16; --against runs each size too)")
     a = ap.parse_args()
 
     cfg = Config(repeat=1, quick=True, drain_ns=[a.n], processes=1, threads=1, prefetch=64,
@@ -191,9 +191,13 @@ def main() -> int:
     try:
         this = this_tree.lua_source("start_apply")
         sizes = [int(size) for size in a.together.split(",")]
-        sources = {("this tree" if size == 1 else f"this tree, {size} per call"): (this, size) for size in sizes}
+        def named(tree: str, size: int) -> str:
+            return tree if size == 1 else f"{tree}, {size} per call"
+
+        sources = {named("this tree", size): (this, size) for size in sizes}
         if a.against:
-            sources[a.against] = (scripts_at(a.against).lua_source("start_apply"), 1)
+            then = scripts_at(a.against).lua_source("start_apply")
+            sources.update({named(a.against, size): (then, size) for size in sizes})
         rounds: dict[str, list[dict[str, float]]] = {name: [] for name in sources}
         for rep in range(a.repeat):
             for name, (source, size) in (sources.items() if rep % 2 == 0 else reversed(sources.items())):
@@ -218,11 +222,11 @@ def main() -> int:
             medians[name] = m
             cells = [fmt.format(m[key or "lua_us"]) for _, key, fmt in columns]
             print(f"| {name} | " + " | ".join(cells) + " |")
-        if a.against:
-            now, then = medians["this tree"], medians[a.against]
-            cells = [f"{now[key or 'lua_us'] / then[key or 'lua_us']:.2f}×" if then[key or "lua_us"] else "—"
+        for size in sizes if a.against else []:
+            now, before = medians[named("this tree", size)], medians[named(a.against, size)]
+            cells = [f"{now[key or 'lua_us'] / before[key or 'lua_us']:.2f}×" if before[key or "lua_us"] else "—"
                      for _, key, _ in columns]
-            print(f"| this tree ÷ {a.against} | " + " | ".join(cells) + " |")
+            print(f"| {named('this tree', size)} ÷ {a.against} | " + " | ".join(cells) + " |")
         for name, rs in rounds.items():
             print(f"{name}: EVALSHA µs per round: " + ", ".join(f"{r['evalsha_us']:.0f}" for r in rs))
 

@@ -94,6 +94,11 @@ def test_stream_resumes_after_last_event_id_and_ends_after_the_final_event(idle_
     assert [e["data"].get("phase") for e in events[1:3]] == ["validated", "committed"]
     assert events[-1]["data"] == {"imported": 3, "batchId": "es-1"}
     assert all(e["id"] > waiting["id"] for e in events)
+    # Resumed from inside the four events of the import's one script call
+    # (one entry of the job's own stream): only those after it.
+    mid = Stream(system, "shipment-es-1", last_event_id=events[1]["id"])
+    assert [e["id"] for e in mid.rest()] == [e["id"] for e in events[2:]]
+    mid.close()
 
     # A live follower sees the same, in order, then the end.
     assert system.post_csv("es-2", SEED.replace(b"10", b"11"))[0] == 202

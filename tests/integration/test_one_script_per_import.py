@@ -8,6 +8,7 @@ same events. Counted under MONITOR on the real worker process."""
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 import time
 from collections import Counter
@@ -79,14 +80,20 @@ def _script_calls(commands: list[str]) -> Counter[str]:
     return calls
 
 
-def _events(system: System, job_id: str) -> list[Any]:
+def _events(system: System, job_id: str) -> tuple[list[str], int]:
+    """The job's events as GET /api/imports/{jobId}/events reads them (its own
+    stream), checked against the global stream P:events: the same events under
+    the same ids. Returns them, and how many entries the job's stream has."""
     store = system.store()
-    entries = store.client.xrange(store.partition_of(job_id).job_events(job_id))
-    kinds = []
-    for _, fields in entries:
-        kind = fields[b"event"].decode()
-        kinds.append(kind if kind != "progress" else fields[b"data"].decode())
-    return kinds
+    k = store.partition_of(job_id)
+    events = store.job_events(job_id, "0-0", None)
+    everyone = [(entry_id, fields) for entry_id, fields in store.client.xrange(k.events)
+                if fields[b"jobId"].decode() == job_id]
+    assert [(e["id"], e["event"]) for e in events] == [
+        (entry_id.decode(), fields[b"event"].decode()) for entry_id, fields in everyone
+    ]
+    kinds = [e["event"] if e["event"] != "progress" else json.dumps(e["data"], separators=(",", ":")) for e in events]
+    return kinds, store.client.xlen(k.job_events(job_id))
 
 
 @pytest.mark.parametrize(
@@ -130,9 +137,13 @@ def test_the_worker_calls_and_the_events_of_one_import(
     per_import = {name: n for name, n in calls.items() if name in ("start", "apply", "start_apply", "fail", "dramatiq ack")}
     assert per_import == expected, calls
     assert calls["fetch"] >= 1, calls  # the queue is fetched by fetch.lua (dramatiq's fetch inside), its delay queue by dramatiq
-    assert _events(system, job_id) == [
+    kinds, entries = _events(system, job_id)
+    assert kinds == [
         "waiting", "active", '{"phase":"validated","rows":3}', '{"phase":"committed","rows":3}', "completed",
     ]
+    # One entry in the job's own stream per script call that changed the job:
+    # the POST's, then the worker's one (start_apply) or two (start, apply).
+    assert entries == 1 + sum(per_import.get(name, 0) for name in ("start", "apply", "start_apply"))
     assert system.store().stock_of(["WIDGET-RED-01"], location) == {"WIDGET-RED-01": 10}
     assert system.store().generation(location) == 1
 
@@ -153,7 +164,7 @@ def test_an_invalid_small_upload_fails_with_its_issues_and_its_message_is_reject
     calls = _script_calls(commands)
     assert (calls["start"], calls["fail"], calls["start_apply"], calls["apply"]) == (1, 1, 0, 0), calls
     assert calls["dramatiq nack"] == 1, calls
-    assert _events(system, "shipment-one-bad") == ["waiting", "active", "failed"]
+    assert _events(system, "shipment-one-bad")[0] == ["waiting", "active", "failed"]
     assert system.store().generation() == 0
 
 

@@ -31,8 +31,9 @@
 --   P:jobs:finished:new     zset    jobId -> finishedAt, finished but not yet in its owner's index
 --                                   (the retention pass moves it there, retain_index.lua)
 --   P:events                stream  every job change (approximate MAXLEN)
---   P:events:<jobId>        stream  [console] the same entries for one job, under the same ids as in
---                                   P:events (GET /api/imports/{jobId}/events reads it); removed with the record
+--   P:events:<jobId>        stream  [console] the same events for one job, under the same ids as in
+--                                   P:events, one entry per script call (see emit below;
+--                                   GET /api/imports/{jobId}/events reads it); removed with the record
 --   P:jobs:owner:<owner>    zset    [console] jobId -> createdAt, one owner's job records (GET /api/imports);
 --                                   written by enqueue.lua, removed with the record by retention (retain_drop.lua)
 --   P:stats                 hash    queue-wide counters for /metrics (completed, failed:<code>,
@@ -99,18 +100,57 @@ local function job_step(keys, argv, now)
   }
 end
 
--- Each event goes to P:events and [console] to the job's own stream
--- P:events:<jobId> (job_events_key, declared by the caller) under the same id,
--- so that a stream of one job reads only its own entries. pcall: that second
--- write must never abort the script after the first one.
+-- Each event goes to P:events at once and [console] to the job's own stream
+-- P:events:<jobId> (job_events_key, declared by the caller) at the end of the
+-- script call (flush_job_events, which adapters/redis/scripts.py runs after
+-- every script): ONE entry per job and call, under the id of the job's last
+-- event of the call in P:events, so that a stream of one job reads only its
+-- own entries and a small import that ends in one call (active, validated,
+-- committed, completed) costs one write there, not four. The call's earlier
+-- events of that job ride in the entry as numbered fields (id.1, event.1,
+-- attempt.1, data.1, ...; the last event's as event, attempt, data), so an
+-- entry of one event reads as it always did; adapters/redis/records.py
+-- (job_stream_events) gives each event back under its own P:events id.
+-- pcall: that write must never abort the script after the others.
 local JOB_EVENTS_MAXLEN = 64
+local job_events_pending, job_events_order = {}, {}
 local function emit(events_key, job_events_key, maxlen, kind, job_id, batch_id, attempt, data)
   local id = redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*',
     'event', kind, 'jobId', job_id, 'batchId', batch_id,
     'attempt', attempt, 'data', data)
-  redis.pcall('XADD', job_events_key, 'MAXLEN', JOB_EVENTS_MAXLEN, id,
-    'event', kind, 'jobId', job_id, 'batchId', batch_id,
-    'attempt', attempt, 'data', data)
+  local pending = job_events_pending[job_events_key]
+  if not pending then
+    pending = {job_id, batch_id}
+    job_events_pending[job_events_key] = pending
+    job_events_order[#job_events_order + 1] = job_events_key
+  end
+  local n = #pending
+  pending[n + 1], pending[n + 2], pending[n + 3], pending[n + 4] = id, kind, attempt, data
+end
+
+-- The numbered field names of the first earlier events, made once (making
+-- them per entry, 'id.' .. i, costs more than the write).
+local EARLIER_EVENT_FIELDS = {'id.1', 'event.1', 'attempt.1', 'data.1', 'id.2', 'event.2', 'attempt.2', 'data.2',
+  'id.3', 'event.3', 'attempt.3', 'data.3'}
+
+local function flush_job_events()
+  for _, key in ipairs(job_events_order) do
+    local p = job_events_pending[key]
+    local last = #p - 3  -- the last event's id, then its kind, attempt and data
+    local args = {'XADD', key, 'MAXLEN', JOB_EVENTS_MAXLEN, p[last], 'jobId', p[1], 'batchId', p[2],
+      'event', p[last + 1], 'attempt', p[last + 2], 'data', p[last + 3]}
+    local n = 15
+    for at = 3, last - 4, 4 do
+      local f = at - 2  -- the event's first name in EARLIER_EVENT_FIELDS (4 per event)
+      local i = (at + 1) / 4
+      args[n + 1], args[n + 2] = EARLIER_EVENT_FIELDS[f] or ('id.' .. i), p[at]
+      args[n + 3], args[n + 4] = EARLIER_EVENT_FIELDS[f + 1] or ('event.' .. i), p[at + 1]
+      args[n + 5], args[n + 6] = EARLIER_EVENT_FIELDS[f + 2] or ('attempt.' .. i), p[at + 2]
+      args[n + 7], args[n + 8] = EARLIER_EVENT_FIELDS[f + 3] or ('data.' .. i), p[at + 3]
+      n = n + 8
+    end
+    redis.pcall(unpack(args, 1, n))
+  end
 end
 
 -- Batched writes. start_apply.lua runs several imports of one partition in
