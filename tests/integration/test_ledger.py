@@ -155,6 +155,21 @@ def test_redis_drops_what_the_ledger_holds_and_an_archived_batch_is_never_applie
     assert store.stock_of(["ARCH-1", "ARCH-2"]) == before
     assert len(ledger_rows(db)[0]) == 2
 
+    # The bulk intake asks the ledger as a single POST does (its script call
+    # reads once whether any batchId was pruned here): the archived batch with
+    # other content is refused, with its own content it is a replay, and a new
+    # batch in the same request applies.
+    lines = [("archived-1", shipment({"ARCH-1": 99})), ("archived-1", data), ("archived-3", shipment({"ARCH-2": 5}))]
+    ndjson = b"".join(json.dumps({"batchId": b, "csv": csv.decode()}).encode() + b"\n" for b, csv in lines)
+    status, _, body = system.request("POST", "/api/imports/bulk", body=ndjson, ctype="application/x-ndjson")
+    assert status == 200, body
+    got = [(r["status"], r["body"].get("code") or r["body"]["jobId"]) for r in json.loads(body)["results"]]
+    assert got == [(409, "batch.conflict"), (202, "shipment-archived-1"), (202, "shipment-archived-3")]
+    replayed = system.wait_state("shipment-archived-1", ("completed",))
+    assert replayed["result"] == {"imported": 2, "batchId": "archived-1", "replay": True}
+    assert system.wait_state("shipment-archived-3", ("completed",))["result"]["imported"] == 1
+    assert store.stock_of(["ARCH-1", "ARCH-2"]) == {"ARCH-1": before["ARCH-1"], "ARCH-2": before["ARCH-2"] + 5}
+
 
 class HeldLedger:
     """The worker's ledger lookups, held at the point between the ledger's

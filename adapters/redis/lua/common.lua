@@ -369,6 +369,14 @@ local function pruned_filter_args(command, filter_key, batch_id, op)
 end
 
 local function maybe_pruned(filter_key, batch_id)
+  -- In a batch with a memo (enqueue_many.lua), whether the filter exists is read once
+  -- per call (only ledger_prune.lua writes it): without it, no batch of the call was pruned.
+  local memo = BATCH and BATCH.memo
+  if memo then
+    local name = 'filter ' .. filter_key
+    if memo[name] == nil then memo[name] = redis.call('EXISTS', filter_key) == 1 end
+    if not memo[name] then return false end
+  end
   for _, bit in ipairs(redis.call(unpack(pruned_filter_args('BITFIELD_RO', filter_key, batch_id, 'GET')))) do
     if bit == 0 then return false end
   end

@@ -9,8 +9,9 @@
 -- reply is the one the calls one after the other would have had. What the
 -- call shares (common.lua, "Batched writes"): one clock, the writes to the
 -- indexes (ZADD to P:jobs:waiting, the owner's index, P:jobs:unsent) made once
--- per key at the end, and the intake and door checks read once (nothing the
--- call writes changes them).
+-- per key at the end, and the intake and door checks read once, as is whether
+-- any done marker was ever pruned here (nothing the call writes changes them:
+-- without the filter of pruned batchIds, no job's step reads it).
 --
 -- KEYS: each job's enqueue.lua KEYS, one job after the other.
 -- ARGV[1] how many jobs; then per job: the number of its KEYS, the number of
