@@ -35,7 +35,7 @@ from importer.handlers.auth import bearer_token
 from importer.handlers.event_stream import EventStreams
 from importer.handlers.http import Request, Response, json_response
 from importer.handlers.problems import ApiError
-from importer.handlers.schemas import EnqueueRequestSchema, JobStatusSchema, ShipmentSchema
+from importer.handlers.schemas import EnqueueRequestSchema, JobStatusSchema, ShipmentSchema, plainly_valid_enqueue_request
 
 
 # Schemas are stateless once built; building one per request costs more than
@@ -187,10 +187,12 @@ def json_of(req: Request, raw: bytes) -> Any:
 def enqueue_request_of(api: Api, req: Request, data: Any) -> tuple[str, bytes, str]:
     """(batchId, CSV bytes, location) of one JSON shipment ``{batchId, csv, location?}``: a POST's
     JSON body, or one shipment of a bulk request (handlers/bulk.py)."""
-    try:
-        loaded = _ENQUEUE_REQUEST.load(data if isinstance(data, dict) else {"_": data})
-    except ValidationError as err:
-        raise ApiError("request.invalid", instance=req.path, extra={"fields": _field_errors(err)}) from None
+    loaded = plainly_valid_enqueue_request(data)
+    if loaded is None:
+        try:
+            loaded = _ENQUEUE_REQUEST.load(data if isinstance(data, dict) else {"_": data})
+        except ValidationError as err:
+            raise ApiError("request.invalid", instance=req.path, extra={"fields": _field_errors(err)}) from None
     if "batchId" in req.query and req.query["batchId"] != loaded["batchId"]:
         raise ApiError("request.invalid", instance=req.path, extra={"fields": {"batchId": ["The query batchId differs from the body's."]}})
     return loaded["batchId"], loaded["csv"].encode(), request_location(api, req, loaded.get("location"))

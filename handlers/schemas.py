@@ -73,6 +73,27 @@ class EnqueueRequestSchema(Schema):
     location = location_field(required=False)
 
 
+_ENQUEUE_FIELDS = frozenset({"batchId", "csv"})
+_ENQUEUE_FIELDS_AT = frozenset({"batchId", "csv", "location"})
+
+
+def plainly_valid_enqueue_request(data: object) -> dict[str, str] | None:
+    """EnqueueRequestSchema().load(data) for a body that plainly passes it,
+    without the schema machinery (about 9 µs a shipment: the largest Python
+    item of a bulk request's line): exactly its fields, strings, each passing
+    the schema's own rule. None for anything else, which the schema then
+    reads, for its error message (tests/unit/test_http_handlers.py holds the
+    two to the same answers)."""
+    if type(data) is not dict or not (data.keys() == _ENQUEUE_FIELDS or data.keys() == _ENQUEUE_FIELDS_AT):
+        return None
+    batch_id, csv, location = data["batchId"], data["csv"], data.get("location", "")
+    if type(batch_id) is not str or type(csv) is not str or type(location) is not str:
+        return None
+    if not is_valid_batch_id(batch_id) or _SURROGATE.search(csv) or ("location" in data and not is_valid_location(location)):
+        return None
+    return data
+
+
 JOB_STATES = ("waiting", "active", "retrying", "completed", "failed")
 
 
