@@ -207,7 +207,11 @@ def build_http(settings: Settings) -> HttpSide:
     queue = ImportQueue(broker, settings, request_id=request_id_var.get, new_id=random_uuid)
     # On the Redis transport the message is written with the job record, in
     # one script (one round trip per POST, no unsent window).
-    store = RedisStore(client, settings, clock_ms=clock_ms, messages=queue.redis_message if queue.writes_to(client) else None)
+    writes = queue.writes_to(client)
+    store = RedisStore(
+        client, settings, clock_ms=clock_ms, messages=queue.redis_message if writes else None,
+        groups=queue.redis_group_message if writes else None,
+    )
     store.history = ledger = open_ledger(settings)
     metrics = HttpMetrics(store, ledger)
     sender: MessageSender = queue

@@ -14,12 +14,13 @@ from dramatiq.brokers.redis import RedisBroker
 from importer.adapters import tracing
 from importer.adapters.dramatiq import private
 from importer.adapters.redis.errors import StoreUnavailable, unavailable
-from importer.adapters.redis.records import OutgoingMessage
+from importer.adapters.redis.records import OutgoingGroup, OutgoingMessage, group_entry
 from importer.adapters.settings import Settings
 from importer.domain.contract import encode_group, encode_message
 
 from importer.adapters.dramatiq.broker import ACTOR_NAME, ImporterRedisBroker
 from importer.domain.locations import location_of_job
+from importer.domain.shipment import job_id_for
 from importer.domain.ids import random_uuid
 
 log = logging.getLogger("importer.worker")
@@ -119,8 +120,39 @@ class ImportQueue:
             "message_id": self._new_id(),  # dramatiq's generate_unique_id(), without its syscall
             "message_timestamp": int(time.time() * 1000),
         }
-        ns = self.broker.location_queues.namespace_of(queue) if isinstance(self.broker, ImporterRedisBroker) else self.broker.namespace
+        ns = self._namespace_of(queue)
         return OutgoingMessage(
             private.queue_key(ns, queue), private.messages_key(ns, queue), redis_message_id,
             dramatiq.get_encoder().encode(fields),
         )
+
+    def redis_group_message(self, job_id: str, traceparent: str = "") -> OutgoingGroup:
+        """A group message (contract version 3) for jobs of ``job_id``'s
+        location, as :meth:`send_group` would send it, whose jobs the script
+        that records them fills in (enqueue_many.lua): the encoded message is
+        cut around its list of jobs. Written as :meth:`redis_message` is."""
+        assert isinstance(self.broker, RedisBroker)
+        encoder = dramatiq.get_encoder()
+        if not isinstance(encoder, dramatiq.JSONEncoder):
+            raise TypeError("a group message is filled in by a script only with dramatiq's JSON encoder")
+        redis_message_id = self._new_id()
+        queue = self._queue_of(job_id)
+        location = location_of_job(job_id)
+        stand_in = (job_id_for("group-stand-in", location), "group-stand-in", redis_message_id.replace("-", ""))  # cut out below
+        fields = {
+            "queue_name": queue,
+            "actor_name": ACTOR_NAME,
+            "args": [encode_group([stand_in], request_id=self._request_id())],
+            "kwargs": {},
+            "options": {"redis_message_id": redis_message_id, **self._options(traceparent)},
+            "message_id": self._new_id(),
+            "message_timestamp": int(time.time() * 1000),
+        }
+        head, found, tail = encoder.encode(fields).partition(group_entry(*stand_in))
+        assert found and group_entry(*stand_in) not in tail
+        ns = self._namespace_of(queue)
+        return OutgoingGroup(private.queue_key(ns, queue), private.messages_key(ns, queue), redis_message_id, head, tail)
+
+    def _namespace_of(self, queue: str) -> str:
+        assert isinstance(self.broker, RedisBroker)
+        return self.broker.location_queues.namespace_of(queue) if isinstance(self.broker, ImporterRedisBroker) else self.broker.namespace

@@ -10,7 +10,7 @@ import redis
 from importer.adapters.redis.client import ImporterRedis, ImporterRedisCluster, RedisClient
 from importer.adapters.redis.errors import store_errors
 from importer.adapters.redis.keys import Keys
-from importer.adapters.redis.records import MessageWriter, text_of
+from importer.adapters.redis.records import GroupWriter, MessageWriter, parse_versions, text_of
 from importer.adapters.redis.scripts import SCRIPT_NAMES, lua_source
 from importer.adapters.settings import Settings
 from importer.domain.ledger import ArchiveLookup, ShipmentHistory
@@ -28,7 +28,8 @@ class RedisStoreBase:
     """
 
     def __init__(
-        self, client: RedisClient, settings: Settings, *, clock_ms: Callable[[], int], messages: MessageWriter | None = None
+        self, client: RedisClient, settings: Settings, *, clock_ms: Callable[[], int], messages: MessageWriter | None = None,
+        groups: GroupWriter | None = None,
     ) -> None:
         self.client = client
         self.settings = settings
@@ -37,6 +38,8 @@ class RedisStoreBase:
         self._partitions: dict[str, Keys] = {MAIN: self.keys}
         self._now = clock_ms
         self.messages = messages
+        #: With ``messages``: the group message that enqueue_many.lua fills with the small jobs it records.
+        self.groups = groups
         #: [ledger] Where the worker asks about a batch whose done marker may have left
         #: Redis (the door, apply.lua); None: no ledger configured.
         self.archive: ArchiveLookup | None = None
@@ -54,6 +57,13 @@ class RedisStoreBase:
     def partition_of(self, job_id: str) -> Keys:
         """The keys of the partition that holds this job (its id names the location)."""
         return self.partition(location_of_job(job_id))
+
+    def live_workers(self) -> dict[str, frozenset[int]]:
+        """Worker id -> accepted versions of every live worker (expiry not past
+        on the server's clock), as enqueue.lua's door check sees them (live_workers.lua)."""
+        with store_errors():
+            flat = self._script("live_workers", keys=[self.keys.workers, self.keys.workers_accepts], args=[])
+        return {text_of(flat[i]): parse_versions(text_of(flat[i + 1])) for i in range(0, len(flat), 2)}
 
     def server_time_ms(self) -> int:
         """The Redis server's clock (every liveness and lag is measured by it)."""

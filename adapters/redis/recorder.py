@@ -12,7 +12,8 @@ from importer.adapters.redis.base import RedisStoreBase
 from importer.adapters.redis.client import ThreadConnections
 from importer.adapters.redis.errors import store_errors
 from importer.adapters.redis.keys import Keys
-from importer.adapters.redis.records import bytes_of, parse_versions, text_of
+from importer.adapters.redis.records import bytes_of, group_entry, parse_versions, text_of
+from importer.domain.contract import every_live_worker_reads_groups
 from importer.domain.jobs import JobState
 from importer.domain.ports import EnqueueCall, EnqueueOutcome, RetryOutcome
 from importer.domain.locations import MAIN
@@ -61,6 +62,7 @@ class JobRecorder(RedisStoreBase):
         outcomes: list[EnqueueOutcome | None] = [None] * len(calls)
         runs: list[tuple[str, list[tuple[int, list[Any], list[Any], int]]]] = []
         with tracing.span("enqueue.lua", SpanKind.CLIENT, attributes={"db.system.name": "redis", "importer.jobs": len(calls)}):
+            grouped = self._may_group(calls)
             for position, c in enumerate(calls):
                 now = self._now()
                 prepared = self._enqueue_call(
@@ -75,12 +77,21 @@ class JobRecorder(RedisStoreBase):
                     runs.append((location, []))
                 runs[-1][1].append((position, prepared[0], prepared[1], now))
             script_calls: list[tuple[str, list[Any], list[Any]]] = []
+            parent = tracing.traceparent()
             for _, jobs in runs:
+                # [Redis transport] the small new jobs of the call in one group message (enqueue_many.lua)
+                group = self.groups(calls[jobs[0][0]].job_id, parent) if grouped and self.groups is not None and any(
+                    calls[position].send_later for position, _, _, _ in jobs) else None
                 keys: list[Any] = []
-                args: list[Any] = [len(jobs)]
-                for _, job_keys, job_args, _ in jobs:
+                args: list[Any] = [len(jobs), "", "", "", ""]
+                if group is not None:
+                    keys += [group.queue_key, group.messages_key, self.partition_of(calls[jobs[0][0]].job_id).deadline]
+                    args[1:] = [group.redis_message_id, group.head, group.tail, int(self.settings.waiting_grace_s * 1000)]
+                for position, job_keys, job_args, _ in jobs:
+                    c = calls[position]
+                    entry = group_entry(c.job_id, c.batch_id, c.upload_id) if group is not None and c.send_later else ""
                     keys += job_keys
-                    args += [len(job_keys), len(job_args), *job_args]
+                    args += [len(job_keys), len(job_args), entry, *job_args]
                 script_calls.append(("enqueue_many", keys, args))
             with store_errors():
                 replies = self._pipelined(script_calls) if script_calls else []
@@ -88,6 +99,16 @@ class JobRecorder(RedisStoreBase):
                 for (position, _, _, now), job_reply in zip(jobs, reply):
                     outcomes[position] = self._enqueued(calls[position].job_id, job_reply, now)
         return [o for o in outcomes if o is not None]
+
+    def _may_group(self, calls: Sequence[EnqueueCall]) -> bool:
+        """Whether the small new jobs of :meth:`enqueue_many` may travel in group
+        messages written by its script: on the Redis transport, while every
+        live worker reads them (as :func:`importer.domain.submit_import.send_recorded`
+        decides; one read, only when a call asks to be sent later). Otherwise
+        they are recorded unsent, and the caller sends them."""
+        if self.groups is None or not any(c.send_later for c in calls):
+            return False
+        return every_live_worker_reads_groups(self.live_workers().values())
 
     def _enqueue_call(
         self, *, job_id: str, batch_id: str, owner: str, content_sha256: str, upload_id: str, csv: bytes,

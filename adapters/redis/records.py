@@ -154,6 +154,28 @@ MessageWriter = Callable[[str, str, str, str], OutgoingMessage]  # jobId, batchI
 
 
 @dataclass(frozen=True)
+class OutgoingGroup:
+    """A group message (contract version 3) whose jobs a script fills in: its
+    encoded bytes are ``head``, the entries of the jobs it carries (``entry``),
+    joined by commas, then ``tail``; kept as :class:`OutgoingMessage` is."""
+
+    queue_key: str
+    messages_key: str
+    redis_message_id: str
+    head: bytes
+    tail: bytes
+
+
+#: jobId of one of its jobs (the location's queue), traceparent -> a group message to fill.
+GroupWriter = Callable[[str, str], OutgoingGroup]
+
+
+def group_entry(job_id: str, batch_id: str, upload_id: str) -> bytes:
+    """One job's entry in a group message's list, as dramatiq's JSON encoder writes it."""
+    return json.dumps({"jobId": job_id, "batchId": batch_id, "uploadId": upload_id}, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True)
 class QueueAck:
     """dramatiq's acknowledgement of one fetched message, made by start_apply.lua
     in the step that ends the attempt (see adapters/dramatiq/broker.py, MessageHandover):

@@ -10,7 +10,7 @@ from importer.adapters.redis.base import RedisStoreBase
 from importer.adapters.redis.errors import StoreUnavailable, store_errors
 from importer.adapters.redis.keys import Keys
 from importer.adapters.settings import Settings
-from importer.adapters.redis.records import QueueStats, error_json, format_versions, parse_versions, text_of
+from importer.adapters.redis.records import QueueStats, error_json, format_versions, text_of
 from importer.domain.contract import KNOWN_VERSIONS
 
 
@@ -199,13 +199,6 @@ class StoreUpkeep(RedisStoreBase):
             "keys": [k.workers, k.workers_accepts, k.workers_info, *(k.workers_accepting(v) for v in known)],
             "args": [worker_id, versions, window_ms, ",".join(map(str, known)), info],
         }
-
-    def live_workers(self) -> dict[str, frozenset[int]]:
-        """Worker id -> accepted versions of every live worker (expiry not past
-        on the server's clock), as enqueue.lua's door check sees them (live_workers.lua)."""
-        with store_errors():
-            flat = self._script("live_workers", keys=[self.keys.workers, self.keys.workers_accepts], args=[])
-        return {text_of(flat[i]): parse_versions(text_of(flat[i + 1])) for i in range(0, len(flat), 2)}
 
     def ping(self) -> bool:
         """True when Redis answers and accepts writes (a tiny expiring write

@@ -17,8 +17,8 @@ from importer.adapters.bootstrap import clock_ms
 from importer.adapters.dramatiq.broker import ACTOR_NAME, build_broker
 from importer.adapters.dramatiq.producer import ImportQueue
 from importer.adapters.redis.store import RedisStore
-from importer.domain.contract import encode_message
-from importer.domain.submit_import import submit_import
+from importer.domain.contract import GROUP_VERSION, decode_group, encode_message
+from importer.domain.submit_import import Upload, submit_import, submit_imports
 from tests.integration.support import FIXTURES, System
 
 pytestmark = pytest.mark.integration
@@ -32,7 +32,7 @@ def _producer(system: System) -> tuple[RedisStore, ImportQueue, redis.Redis]:
     queue = ImportQueue(build_broker(settings, client), settings)
     system.brokers.append(queue.broker)
     assert queue.writes_to(client)
-    store = RedisStore(client, settings, clock_ms=clock_ms, messages=queue.redis_message)
+    store = RedisStore(client, settings, clock_ms=clock_ms, messages=queue.redis_message, groups=queue.redis_group_message)
     return store, queue, client
 
 
@@ -105,3 +105,43 @@ def test_end_to_end_with_a_real_worker_and_no_unsent_index(system: System) -> No
     assert system.wait_state("shipment-fused-3")["state"] == "completed"
     store = system.store()
     assert store.client.zcard(store.keys.unsent) == 0
+
+
+def test_a_bulk_call_writes_its_group_message_as_send_group_writes_it(make_system: object) -> None:
+    """enqueue_many.lua fills the group message with the jobs it created (not
+    the one that exists already, nor a large one, which gets its own): the
+    same message as dramatiq's RedisBroker.enqueue of send_group's body, and
+    each job gets the deadline of a sent message."""
+    system: System = make_system()  # type: ignore[operator]
+    store, queue, client = _producer(system)
+    submit_import(store, queue, owner="owner-a", batch_id="g-known", csv=SEED, upload_id=uuid.uuid4().hex, max_rows=100)
+    uploads = [
+        Upload("g-1", SEED, uuid.uuid4().hex, send_later=True),
+        Upload("g-known", SEED, uuid.uuid4().hex, send_later=True),  # exists: not in the group
+        Upload("g-large", SEED, uuid.uuid4().hex, send_later=False),  # its own message, in the script
+        Upload("g-2", SEED, uuid.uuid4().hex, send_later=True),
+    ]
+    later: list[tuple[str, str, str]] = []
+    accepted = submit_imports(store, queue, uploads, owner="owner-a", max_rows=100, send_later=later)
+    assert [a.job_id for a in accepted] == ["shipment-g-1", "shipment-g-known", "shipment-g-large", "shipment-g-2"]  # type: ignore[union-attr]
+    assert later == []  # every one sent by the script itself
+    assert client.zcard(store.keys.unsent) == 0
+    stored = _stored(client, system)
+    version = system.settings.producer_version
+    assert [m["args"][0].get("version") for m in stored] == [version, version, GROUP_VERSION]  # g-known's, g-large's, the group
+    ours = stored[2]
+    group = [(u.batch_id, u.upload_id) for u in (uploads[0], uploads[3])]
+    assert [(m.batch_id, m.upload_id) for m in decode_group(ours["args"][0], frozenset({GROUP_VERSION}))] == group
+    for batch_id in ("g-1", "g-2"):
+        record = store.get_job(f"shipment-{batch_id}")
+        assert record is not None
+        deadline = client.zscore(store.keys.deadline, f"shipment-{batch_id}")
+        assert deadline == record.created_at_ms + int(system.settings.waiting_grace_s * 1000)
+
+    queue.send_group([(f"shipment-{b}", b, u) for b, u in group])
+    theirs = _stored(client, system)[3]
+    assert [name for name in ours if name != "id"] == [f.name for f in dataclasses.fields(dramatiq.Message)]
+    for field in ("queue_name", "actor_name", "args", "kwargs"):
+        assert ours[field] == theirs[field], field
+    assert set(ours["options"]) == set(theirs["options"]) == {"redis_message_id"}
+    assert ours["options"]["redis_message_id"] == ours["id"]

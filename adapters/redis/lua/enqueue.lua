@@ -39,7 +39,8 @@
 --   no job ever exists without its message, and no unsent entry is needed;
 --   the job gets the deadline of a sent message (now + grace), as
 --   RedisStore.mark_sent gives it, for the reconciler.
---   Without them the job goes into P:jobs:unsent until the caller marks it sent.
+--   Without them the job goes into P:jobs:unsent until the caller marks it sent,
+--   unless enqueue_many.lua runs this step for a job of its group message.
 -- ARGV[19] [trace] the W3C traceparent of the producer's span, kept in the record
 --   ('traceparent'; retries carry it on); absent or '' when tracing is off
 --
@@ -130,5 +131,7 @@ if queue_key and message_id then
   redis.call('ZADD', KEYS[17], 'NX', tonumber(ARGV[6]) + tonumber(ARGV[18]), job_id)
   return {'created', 1}
 end
+-- In a group of enqueue_many.lua, that call writes the group's one message for every job it created.
+if BATCH and BATCH.grouped then return {'created', 1} end
 zadd(KEYS[4], ARGV[6], job_id)
 return {'created', 0}
