@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from importer.adapters.bootstrap import build_http
 from importer.adapters.settings import Settings
-from importer.domain.submit_import import send_recorded, submit_import
+from importer.domain.submit_import import Upload, send_recorded, submit_import, submit_imports
 
 from bench.suite.common import OWNER, BenchError
 
@@ -36,18 +36,18 @@ class ImporterProducer:
         return upload_id
 
     def submit_bulk(self, shipments: list[tuple[str, bytes]]) -> None:
-        """Record new imports as one bulk request does (handlers/bulk.py): each
-        recorded without its message, then the messages sent together, one
-        group message per location and per GROUP_MAX (every worker reads
-        groups: the bench's workers are this release's)."""
+        """Record new imports as one bulk request does (handlers/bulk.py): all
+        in one enqueue_many.lua pipeline, whose calls write one group message
+        per location and per GROUP_MAX (every worker reads groups: the bench's
+        workers are this release's); what was left to send later (none on
+        the Redis transport) is sent together."""
         later: list[tuple[str, str, str]] = []
-        for batch_id, csv in shipments:
-            accepted = submit_import(
-                self.side.api.store, self.side.api.sender, owner=OWNER, batch_id=batch_id, csv=csv,
-                upload_id=uuid.uuid4().hex, max_rows=self.settings.max_rows, send_later=later,
-            )
-            if accepted.state != "waiting":
-                raise BenchError(f"enqueue of {batch_id}: the job already existed ({accepted})")
+        uploads = [Upload(batch_id, csv, uuid.uuid4().hex, send_later=True) for batch_id, csv in shipments]
+        results = submit_imports(self.side.api.store, self.side.api.sender, uploads, owner=OWNER,
+                                 max_rows=self.settings.max_rows, send_later=later)
+        for (batch_id, _), accepted in zip(shipments, results):
+            if isinstance(accepted, Exception) or accepted.state != "waiting":
+                raise BenchError(f"enqueue of {batch_id}: {accepted!r}")
         for job_id, exc in send_recorded(self.side.api.store, self.side.api.sender, later, grouped=True):
             if exc is not None:
                 raise BenchError(f"send of {job_id}: {exc!r}")
