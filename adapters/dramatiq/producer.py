@@ -105,53 +105,45 @@ class ImportQueue:
         encoder, stored under that id in ``<namespace>:<queue>.msgs`` and the id
         pushed on ``<namespace>:<queue>``. dramatiq's enqueue middleware hooks
         are not run: no middleware of the producer's broker has any."""
-        assert isinstance(self.broker, RedisBroker)
-        redis_message_id = self._new_id()
-        queue = self._queue_of(job_id)
-        # dramatiq.Message(...).copy(options=...).encode(), without building the
-        # two dataclasses (a tenth of a POST's Python time): the same fields, in
-        # the same order, through dramatiq's own (global) encoder.
-        fields = {
-            "queue_name": queue,
-            "actor_name": ACTOR_NAME,
-            "args": [self._body(job_id, batch_id, upload_id)],
-            "kwargs": {},
-            "options": {"redis_message_id": redis_message_id, **self._options(traceparent)},
-            "message_id": self._new_id(),  # dramatiq's generate_unique_id(), without its syscall
-            "message_timestamp": int(time.time() * 1000),
-        }
-        ns = self._namespace_of(queue)
-        return OutgoingMessage(
-            private.queue_key(ns, queue), private.messages_key(ns, queue), redis_message_id,
-            dramatiq.get_encoder().encode(fields),
-        )
+        queue_key, messages_key, redis_message_id, fields = self._redis_fields(
+            job_id, self._body(job_id, batch_id, upload_id), traceparent)
+        return OutgoingMessage(queue_key, messages_key, redis_message_id, dramatiq.get_encoder().encode(fields))
 
     def redis_group_message(self, job_id: str, traceparent: str = "") -> OutgoingGroup:
         """A group message (contract version 3) for jobs of ``job_id``'s
         location, as :meth:`send_group` would send it, whose jobs the script
         that records them fills in (enqueue_many.lua): the encoded message is
         cut around its list of jobs. Written as :meth:`redis_message` is."""
-        assert isinstance(self.broker, RedisBroker)
         encoder = dramatiq.get_encoder()
         if not isinstance(encoder, dramatiq.JSONEncoder):
             raise TypeError("a group message is filled in by a script only with dramatiq's JSON encoder")
+        # A valid entry (an upload id is 32 hex digits), cut out of the encoded message below.
+        stand_in = (job_id_for("group-stand-in", location_of_job(job_id)), "group-stand-in", self._new_id().replace("-", ""))
+        body = encode_group([stand_in], request_id=self._request_id())
+        queue_key, messages_key, redis_message_id, fields = self._redis_fields(job_id, body, traceparent)
+        head, found, tail = encoder.encode(fields).partition(group_entry(*stand_in))
+        assert found and group_entry(*stand_in) not in tail
+        return OutgoingGroup(queue_key, messages_key, redis_message_id, head, tail)
+
+    def _redis_fields(self, job_id: str, body: dict[str, Any], traceparent: str) -> tuple[str, str, str, dict[str, Any]]:
+        """The keys of ``job_id``'s queue, a fresh redis_message_id, and the fields
+        of a message carrying ``body``: dramatiq.Message(...).copy(options=...)
+        without building the two dataclasses (a tenth of a POST's Python time),
+        the same fields in the same order, for dramatiq's own (global) encoder."""
+        assert isinstance(self.broker, RedisBroker)
         redis_message_id = self._new_id()
         queue = self._queue_of(job_id)
-        location = location_of_job(job_id)
-        stand_in = (job_id_for("group-stand-in", location), "group-stand-in", redis_message_id.replace("-", ""))  # cut out below
         fields = {
             "queue_name": queue,
             "actor_name": ACTOR_NAME,
-            "args": [encode_group([stand_in], request_id=self._request_id())],
+            "args": [body],
             "kwargs": {},
             "options": {"redis_message_id": redis_message_id, **self._options(traceparent)},
-            "message_id": self._new_id(),
+            "message_id": self._new_id(),  # dramatiq's generate_unique_id(), without its syscall
             "message_timestamp": int(time.time() * 1000),
         }
-        head, found, tail = encoder.encode(fields).partition(group_entry(*stand_in))
-        assert found and group_entry(*stand_in) not in tail
         ns = self._namespace_of(queue)
-        return OutgoingGroup(private.queue_key(ns, queue), private.messages_key(ns, queue), redis_message_id, head, tail)
+        return private.queue_key(ns, queue), private.messages_key(ns, queue), redis_message_id, fields
 
     def _namespace_of(self, queue: str) -> str:
         assert isinstance(self.broker, RedisBroker)
