@@ -82,7 +82,7 @@ def plainly_valid_enqueue_request(data: object) -> dict[str, str] | None:
     without the schema machinery (about 9 µs a shipment: the largest Python
     item of a bulk request's line): exactly its fields, strings, each passing
     the schema's own rule. None for anything else, which the schema then
-    reads, for its error message (tests/unit/test_http_handlers.py holds the
+    reads, for its error message (tests/unit/test_plain_enqueue_request.py holds the
     two to the same answers)."""
     if type(data) is not dict or not (data.keys() == _ENQUEUE_FIELDS or data.keys() == _ENQUEUE_FIELDS_AT):
         return None
