@@ -1,8 +1,20 @@
-"""Use case "run an import": contract check, start the attempt, validate, apply, record the outcome.
+"""Use case "run imports": contract check, start each attempt, validate, apply, record each outcome.
 
-The dramatiq actor hands the message body to
-:func:`run_import`. Read it top to bottom to follow one attempt; every store
-call is one atomic step (a Lua script in production).
+One way runs N imports, whatever brought them: a queue message of one import
+(N = 1, :func:`run_import`), a group message of many (contract version 3), or
+fetched messages of one location that share a call (group commit). Read
+:func:`run_imports` top to bottom to follow every attempt; every store call is
+one atomic step (a Lua script in production).
+
+Each import takes one of two ways through the store:
+
+* **one step**: its upload came with the message and is valid CSV. Start,
+  'validated', apply and complete are one atomic call (:func:`apply_together`),
+  shared by up to ``together`` such imports of one location, each with its own
+  outcome, attempt, fencing token and events;
+* **separate steps**: no upload came (a large one, or the transport hands none),
+  or it is invalid. Start (which hands over the upload), validate, then apply
+  or record the CSV issues.
 """
 
 from __future__ import annotations
@@ -22,12 +34,28 @@ from importer.domain.shipment import parse_shipment
 
 @dataclass(frozen=True)
 class Settled:
-    """What one import's part of a one-step call shared with other imports did
-    (:func:`apply_together`), for its own delivery to report (:func:`run_import`)."""
+    """What one import's part of a one-step call did (:func:`apply_together`),
+    for its own delivery to report."""
 
     outcome: StartOutcome
     applied: ApplyResult | None
     rows: int
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One import to run, as its queue message brought it.
+
+    ``upload``: the job's upload when it was read with the message (small
+    imports), else None. ``ack``: the transport's acknowledgement of that
+    message, made inside the one-step call (opaque here; None: none).
+    ``settled``: the one-step call already ran for it, shared with another
+    delivery (group commit); it is only reported."""
+
+    message: ImportMessage
+    upload: bytes | None = None
+    ack: Any = None
+    settled: Settled | None = None
 
 
 class PermanentImportFailure(DomainError):
@@ -42,41 +70,78 @@ def _ignore_started(job_id: str, attempt: int, token: str) -> None:
     return None
 
 
-def run_import(
-    store: AttemptStore,
-    body: Any,
-    *,
-    accepted_versions: frozenset[int],
-    max_rows: int,
-    log: EventLog,
-    on_started: OnStarted = _ignore_started,
-    upload: bytes | None = None,
-    ack: Any = None,
-    settled: Settled | None = None,
-) -> str:
-    """Run one attempt of the import a queue message names; returns what it did.
+def _ignore_finished(job_id: str) -> None:
+    return None
 
-    Returns 'applied' or 'replayed' (the done marker already held the result),
-    or the reason the attempt was skipped ('finished', 'stale', 'missing',
-    'exhausted', 'busy': a duplicate or late delivery; the record already tells
-    the truth). Every write of the attempt carries its fencing token: once a
-    newer attempt holds the job (this one's lease ran out), the apply answers
-    'stale' and changes nothing.
 
-    ``upload``: the job's upload when the queue delivered it with the message
-    (small imports). It is parsed and validated first; a valid shipment then
-    starts, applies and completes in one atomic step of the store (the
-    'validated' milestone is recorded in it, with the events of the separate
-    steps); ``ack``, the transport's acknowledgement of that message, is made
-    in the same step. ``settled``: that step already ran for this delivery,
-    in a call shared with other imports (:func:`apply_together`); this reports
-    its outcome. Without an upload, or when it is invalid, the separate steps run: start
-    (which hands over the upload), validate, then apply. Raises :class:`PermanentImportFailure` after recording a failure
-    that retrying cannot fix. Any other exception (the store unreachable, the
-    time limit) propagates to the queue, which retries the attempt.
+def run_imports(
+    store: AttemptStore, deliveries: Sequence[Delivery], *, together: int, max_rows: int, log: EventLog,
+    on_started: OnStarted = _ignore_started, on_finished: Callable[[str], None] = _ignore_finished,
+) -> list[str | PermanentImportFailure]:
+    """Run one attempt of each import, in order, each with its own attempt,
+    fencing token, outcome and events; returns, per import, what it did.
+
+    What it did: 'applied' or 'replayed' (the done marker already held the
+    result), or the reason the attempt was skipped ('finished', 'stale',
+    'missing', 'exhausted', 'busy': a duplicate or late delivery; the record
+    already tells the truth), or the :class:`PermanentImportFailure` recorded
+    (the CSV is invalid, a conflict, an overflow, the upload gone): retrying
+    cannot fix it, and it never stops the others. ``on_started(jobId, attempt,
+    token)`` is called when an import's separate steps started its attempt,
+    ``on_finished(jobId)`` after each import's end.
+
+    Every write of an attempt carries its fencing token: once a newer attempt
+    holds the job (this one's lease ran out), the apply answers 'stale' and
+    changes nothing. Anything else raised (the store unreachable, the time
+    limit) propagates at once and the queue delivers the message again: each
+    import already final is then skipped ('finished', no attempt counted) and
+    each other one gets its own attempt. A one-step call is atomic, so none
+    of its imports is half done; an import that raised in its separate steps
+    has its attempt known to ``on_started`` (and not ``on_finished``), for the
+    caller to record its failure.
     """
+    outcomes: list[str | PermanentImportFailure] = []
+    step = max(1, together)
+    for start in range(0, len(deliveries), step):
+        chunk = deliveries[start:start + step]
+        for delivery, settled in zip(chunk, apply_together(store, chunk, max_rows=max_rows)):
+            try:
+                did: str | PermanentImportFailure = _run_one(
+                    store, delivery.message, settled, max_rows=max_rows, log=log, on_started=on_started,
+                )
+            except PermanentImportFailure as failure:
+                did = failure
+            on_finished(delivery.message.job_id)
+            outcomes.append(did)
+    return outcomes
+
+
+def run_import(
+    store: AttemptStore, body: Any, *, accepted_versions: frozenset[int], max_rows: int, log: EventLog,
+    on_started: OnStarted = _ignore_started, upload: bytes | None = None, ack: Any = None, settled: Settled | None = None,
+) -> str:
+    """:func:`run_imports` of the one import a queue message (contract version
+    1 or 2) names: N = 1. Returns what it did; raises the
+    :class:`PermanentImportFailure` it recorded, for the queue not to retry
+    the message. A message this worker does not accept is recorded as the
+    job's permanent failure (import.rejected_message is logged)."""
+    msg = decoded(store, body, accepted_versions, log)
+    (did,) = run_imports(
+        store, [Delivery(msg, upload, ack, settled)], together=1, max_rows=max_rows, log=log, on_started=on_started,
+    )
+    if isinstance(did, PermanentImportFailure):
+        raise did
+    return did
+
+
+def decoded(store: AttemptStore, body: Any, accepted_versions: frozenset[int], log: EventLog) -> ImportMessage:
+    """The message a body carries, when this worker accepts its contract
+    version; otherwise the job's failure is recorded as permanent and
+    :class:`PermanentImportFailure` raised."""
+    if isinstance(body, ImportMessage):
+        return body
     try:
-        msg = body if isinstance(body, ImportMessage) else decode_message(body, accepted_versions)
+        return decode_message(body, accepted_versions)
     except DomainError as exc:
         job_id = job_id_of(body)
         log("import.rejected_message", logging.WARNING, jobId=job_id, code=exc.code)
@@ -87,18 +152,44 @@ def run_import(
             )
         raise PermanentImportFailure(exc.code) from None
 
+
+def apply_together(store: AttemptStore, deliveries: Sequence[Delivery], *, max_rows: int) -> list[Settled | None]:
+    """The one-step call of several deliveries of one location: validate each
+    upload and start, apply and complete every valid one in a single atomic
+    store call (group commit), each with its own outcome.
+
+    Returns, per delivery in order, what its one-step attempt did (a delivery
+    already ``settled`` keeps its outcome), or None for one that takes the
+    separate steps: no upload came with it, its upload is invalid CSV, or its
+    job is already in the call (a duplicate delivery). Raises what the store
+    raises (the store unreachable): then nothing is known of any of them.
+    """
+    settled: list[Settled | None] = [d.settled for d in deliveries]
+    picked: list[tuple[int, int]] = []
+    imports: list[OneStepImport] = []
+    for position, delivery in enumerate(deliveries):
+        msg = delivery.message
+        if delivery.settled is not None or delivery.upload is None or any(i.job_id == msg.job_id for i in imports):
+            continue
+        parsed = parse_shipment(delivery.upload, max_rows=max_rows)
+        if isinstance(parsed, CsvInvalid):
+            continue  # the separate steps start the attempt, then record the CSV issues
+        picked.append((position, parsed.row_count))
+        imports.append(OneStepImport(msg.job_id, msg.upload_id, msg.batch_id, parsed, delivery.ack))
+    if imports:
+        for (position, rows), (outcome, applied) in zip(picked, store.start_and_apply_together(imports)):
+            settled[position] = Settled(outcome, applied, rows)
+    return settled
+
+
+def _run_one(
+    store: AttemptStore, msg: ImportMessage, settled: Settled | None, *, max_rows: int, log: EventLog, on_started: OnStarted,
+) -> str:
+    """One import after its one-step call (``settled``: report what it did),
+    or by its separate steps (None)."""
     ctx: dict[str, Any] = {"jobId": msg.job_id, "batchId": msg.batch_id}
     if msg.request_id:  # contract version 2: the POST that made the job
         ctx["requestId"] = msg.request_id
-    if settled is None and upload is not None:
-        parsed = parse_shipment(upload, max_rows=max_rows)
-        # An invalid upload takes the separate steps below: the attempt starts,
-        # then its failure is recorded with the CSV issues.
-        if not isinstance(parsed, CsvInvalid):
-            outcome, applied = store.start_and_apply(
-                job_id=msg.job_id, upload_id=msg.upload_id, batch_id=msg.batch_id, shipment=parsed, ack=ack,
-            )
-            settled = Settled(outcome, applied, parsed.row_count)
     if settled is not None:
         started = _started(store, settled.outcome, msg.job_id, log, ctx)
         if started is None or settled.applied is None:
@@ -130,88 +221,6 @@ def run_import(
         batch_id=msg.batch_id, owner=started.owner, shipment=parsed, token=started.token,
     )
     return _applied(applied, parsed.row_count, log, ctx)
-
-
-def apply_together(
-    store: AttemptStore, deliveries: Sequence[tuple[Any, bytes, Any]], *, accepted_versions: frozenset[int], max_rows: int,
-) -> list[Settled | None]:
-    """Validate several deliveries of one location (message body, the upload
-    that came with it, the ack of its message) and run the one-step attempt of
-    every valid one in a single atomic store call (group commit).
-
-    Returns, per delivery in order, what its attempt did, or None for a
-    delivery to run on its own with :func:`run_import` (which then records what
-    is wrong): its message is not one this worker accepts, its upload is
-    invalid CSV, or its job is already in the call (a duplicate delivery).
-    Raises what the store raises (the store unreachable): then nothing is
-    known of any of them, and each delivery runs on its own.
-    """
-    settled: list[Settled | None] = [None] * len(deliveries)
-    picked: list[tuple[int, int]] = []
-    imports: list[OneStepImport] = []
-    for position, (body, upload, ack) in enumerate(deliveries):
-        try:
-            msg = body if isinstance(body, ImportMessage) else decode_message(body, accepted_versions)
-        except DomainError:
-            continue
-        if any(i.job_id == msg.job_id for i in imports):
-            continue
-        parsed = parse_shipment(upload, max_rows=max_rows)
-        if isinstance(parsed, CsvInvalid):
-            continue
-        picked.append((position, parsed.row_count))
-        imports.append(OneStepImport(msg.job_id, msg.upload_id, msg.batch_id, parsed, ack))
-    if imports:
-        for (position, rows), (outcome, applied) in zip(picked, store.start_and_apply_together(imports)):
-            settled[position] = Settled(outcome, applied, rows)
-    return settled
-
-
-def run_group(
-    store: AttemptStore, messages: Sequence[ImportMessage], uploads: Sequence[bytes | None], *, together: int,
-    max_rows: int, log: EventLog, on_started: OnStarted = _ignore_started,
-    on_finished: Callable[[str], None] = lambda job_id: None,
-) -> list[str]:
-    """Run every import one group message carries (contract version 3), in
-    order, each with its own attempt, fencing token, outcome and events.
-
-    ``uploads``: each import's upload when it was read with the message (small
-    ones), else None. The imports with a valid upload run in calls of up to
-    ``together`` (:func:`apply_together`: one atomic step each, start to
-    completed); every other one (no upload read, invalid CSV, its job twice)
-    takes the separate steps of :func:`run_import`, which records what is
-    wrong. Returns, per import, what :func:`run_import` returns, or 'failed'
-    for a failure recorded as permanent (it never stops the others);
-    ``on_finished(jobId)`` is called after each such end.
-
-    Anything else raised (the store unreachable, the time limit) propagates
-    at once: the queue delivers the whole message again, where each import
-    already final is skipped ('finished': no attempt counted) and each other
-    one gets its own attempt. A one-step call is atomic, so none of its
-    imports is half done; an import that raised in its separate steps has its
-    attempt known to ``on_started`` (and not ``on_finished``), for the caller
-    to record its failure.
-    """
-    outcomes: list[str] = []
-    for start in range(0, len(messages), max(1, together)):
-        chunk = list(zip(messages[start:start + together], uploads[start:start + together]))
-        read = [position for position, (_, upload) in enumerate(chunk) if upload is not None]
-        settled: list[Settled | None] = [None] * len(chunk)
-        if read:
-            together_settled = apply_together(
-                store, [(chunk[p][0], chunk[p][1] or b"", None) for p in read], accepted_versions=frozenset(), max_rows=max_rows,
-            )
-            for position, outcome in zip(read, together_settled):
-                settled[position] = outcome
-        for (msg, _), outcome in zip(chunk, settled):
-            try:
-                did = run_import(store, msg, accepted_versions=frozenset(), max_rows=max_rows, log=log,
-                                 on_started=on_started, settled=outcome)
-            except PermanentImportFailure:
-                did = "failed"
-            on_finished(msg.job_id)
-            outcomes.append(did)
-    return outcomes
 
 
 def _started(store: AttemptStore, outcome: StartOutcome, job_id: str, log: EventLog, ctx: dict[str, Any]) -> StartedAttempt | None:

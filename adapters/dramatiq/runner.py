@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import traceback
@@ -21,9 +20,11 @@ from importer.adapters.redis.errors import StoreUnavailable
 from importer.adapters.settings import Settings
 from importer.domain.ids import request_id_var
 from importer.domain.ports import AttemptStore
-from importer.domain.contract import decode_group, is_group, job_ids_of
+from importer.domain.contract import decode_group, decode_message, is_group, job_ids_of
 from importer.domain.errors import DomainError, public_error_for
-from importer.domain.run_import import PermanentImportFailure, Settled, apply_together, run_group, run_import
+from importer.domain.run_import import (
+    Delivery, PermanentImportFailure, Settled, apply_together, run_import, run_imports,
+)
 
 from importer.adapters.dramatiq.broker import ACTOR_NAME, Handed, MessageHandover
 
@@ -88,7 +89,7 @@ class ImportRunner:
     def run_group(self, body: Any, message_id: str = "") -> str:
         """A group message (contract version 3): every import it carries, with
         the small uploads read in one round trip, through
-        :func:`importer.domain.run_import.run_group`. The attempt of the import
+        :func:`importer.domain.run_import.run_imports`. The attempt of the import
         running its separate steps is remembered under the message's id, as a
         single message's is, for AttemptRecorder and the lease renewal."""
         try:
@@ -109,12 +110,13 @@ class ImportRunner:
         def started(job_id: str, attempt: int, token: str) -> None:
             self._attempts[message_id] = (job_id, attempt, token)
 
-        outcomes = run_group(
-            self.store, messages, uploads, together=self.settings.apply_together_max, max_rows=self.settings.max_rows,
+        outcomes = run_imports(
+            self.store, [Delivery(m, upload) for m, upload in zip(messages, uploads)],
+            together=self.settings.apply_together_max, max_rows=self.settings.max_rows,
             log=self._log, on_started=started, on_finished=lambda _job_id: self.forget(message_id),
         )
-        self._log("import.group", logging.DEBUG, imports=len(messages),
-                  **{did: outcomes.count(did) for did in sorted(set(outcomes))})
+        did = [o if isinstance(o, str) else "failed" for o in outcomes]
+        self._log("import.group", logging.DEBUG, imports=len(messages), **{d: did.count(d) for d in sorted(set(did))})
         return "group"
 
     def run(self, body: Any, message_id: str = "", handed: Handed | None = None, handover: MessageHandover | None = None) -> str:
@@ -128,10 +130,10 @@ class ImportRunner:
         def started(job_id: str, attempt: int, token: str) -> None:
             self._attempts[message_id] = (job_id, attempt, token)
 
-        run = functools.partial(
-            run_import, self.store, body, accepted_versions=self.settings.accepted_versions,
-            max_rows=self.settings.max_rows, log=self._log, on_started=started,
-        )
+        def run(message: Any = body, **handed_over: Any) -> str:
+            return run_import(self.store, message, accepted_versions=self.settings.accepted_versions,
+                              max_rows=self.settings.max_rows, log=self._log, on_started=started, **handed_over)
+
         if handed is None:
             return run()
         if handed.settled is not None:
@@ -140,19 +142,31 @@ class ImportRunner:
         if not companions:
             return run(upload=handed.upload, ack=handed.ack)
         assert handover is not None
-        settled: list[Settled | None] = [None] * (len(companions) + 1)
+        # This delivery's call takes the companions' imports too (apply_together): one
+        # atomic step, each with its own outcome, which each companion's actor reports.
+        shared = [self._shared(body, handed.upload, handed.ack), *(self._shared(c.body, c.upload, c.ack) for c in companions)]
+        settled: list[Settled | None] = [None] * len(shared)
         try:
-            settled = apply_together(
-                self.store, [(body, handed.upload, handed.ack), *((c.body, c.upload, c.ack) for c in companions)],
-                accepted_versions=self.settings.accepted_versions, max_rows=self.settings.max_rows,
-            )
+            present = [i for i, d in enumerate(shared) if d is not None]
+            deliveries = [d for d in shared if d is not None]
+            for i, outcome in zip(present, apply_together(self.store, deliveries, max_rows=self.settings.max_rows)):
+                settled[i] = outcome
         finally:
             # Each companion's actor reports its outcome, or runs on its own (this call failed, or it was left out).
             for companion, outcome in zip(companions, settled[1:]):
                 handover.settle(companion.redis_message_id, outcome)
+        own = shared[0].message if shared[0] is not None else body
         if settled[0] is not None:
-            return run(settled=settled[0])
-        return run(upload=handed.upload, ack=handed.ack)
+            return run(own, settled=settled[0])
+        return run(own, upload=handed.upload, ack=handed.ack)
+
+    def _shared(self, body: Any, upload: bytes, ack: Any) -> Delivery | None:
+        """A fetched delivery for a shared one-step call, or None when this
+        worker does not accept its message (its own actor records that)."""
+        try:
+            return Delivery(decode_message(body, self.settings.accepted_versions), upload, ack)
+        except DomainError:
+            return None
 
     @staticmethod
     def _log(event: str, level: int = logging.INFO, **fields: Any) -> None:

@@ -14,10 +14,12 @@ import dramatiq
 import pytest
 
 from importer.adapters.dramatiq.broker import Handed, MessageHandover
+from importer.adapters.dramatiq.runner import ImportRunner
+from importer.adapters.settings import Settings
 from importer.adapters.redis.keys import LocationQueues
-from importer.domain.contract import encode_message
+from importer.domain.contract import decode_message, encode_message
 from importer.domain.ports import ApplyResult, OneStepImport, StartOutcome, StartedAttempt
-from importer.domain.run_import import Settled, apply_together
+from importer.domain.run_import import Delivery, Settled, apply_together
 from importer.domain.shipment import job_id_for
 
 VALID = b"sku,quantity\nA-1,2\nB-1,3\n"
@@ -45,19 +47,26 @@ class TogetherStore:
         ]
 
 
+def _delivery(batch_id: str, n: int, upload: bytes | None, ack: object = None, **kw: Any) -> Delivery:
+    return Delivery(decode_message(_body(batch_id, n), frozenset({1})), upload, ack, **kw)
+
+
 def test_one_call_for_the_valid_deliveries_each_with_its_own_outcome() -> None:
     store = TogetherStore()
+    earlier = Settled(StartOutcome("finished", 0, None, "completed"), None, 0)
     deliveries = [
-        (_body("b-1", 1), VALID, "ack-1"),
-        (_body("b-2", 2), b"sku,quantity\nA-1,many\n", "ack-2"),  # invalid CSV: left to its own actor
-        ({"version": 99, "jobId": "shipment-b-3"}, VALID, "ack-3"),  # a version this worker does not accept
-        (_body("b-4", 4), VALID, "ack-4"),
-        (_body("b-1", 1), VALID, "ack-5"),  # the same job again: a duplicate delivery
+        _delivery("b-1", 1, VALID, "ack-1"),
+        _delivery("b-2", 2, b"sku,quantity\nA-1,many\n", "ack-2"),  # invalid CSV: the separate steps record it
+        _delivery("b-3", 3, None, "ack-3"),  # no upload came with it (a large one)
+        _delivery("b-4", 4, VALID, "ack-4"),
+        _delivery("b-1", 1, VALID, "ack-5"),  # the same job again: a duplicate delivery
+        _delivery("b-6", 6, VALID, "ack-6", settled=earlier),  # another delivery's call ran it
     ]
-    settled = apply_together(store, deliveries, accepted_versions=frozenset({1}), max_rows=100)  # type: ignore[arg-type]
+    settled = apply_together(store, deliveries, max_rows=100)  # type: ignore[arg-type]
     (call,) = store.calls
     assert [(i.job_id, i.ack) for i in call] == [("shipment-b-1", "ack-1"), ("shipment-b-4", "ack-4")]
-    assert [s is not None for s in settled] == [True, False, False, True, False]
+    assert [s is not None for s in settled] == [True, False, False, True, False, True]
+    assert settled[5] is earlier
     first = settled[0]
     assert isinstance(first, Settled) and first.rows == 2 and first.applied is not None
     assert first.applied.result == {"imported": 2, "batchId": "b-1"}
@@ -65,11 +74,11 @@ def test_one_call_for_the_valid_deliveries_each_with_its_own_outcome() -> None:
 
 def test_nothing_valid_makes_no_call_and_a_failed_call_raises() -> None:
     store = TogetherStore()
-    assert apply_together(store, [(_body("b-1", 1), b"", None)], accepted_versions=frozenset({1}), max_rows=100) == [None]  # type: ignore[arg-type]
+    assert apply_together(store, [_delivery("b-1", 1, b"")], max_rows=100) == [None]  # type: ignore[arg-type]
     assert store.calls == []
     failing = TogetherStore(fail=ConnectionError("store away"))
     with pytest.raises(ConnectionError):
-        apply_together(failing, [(_body("b-1", 1), VALID, None)], accepted_versions=frozenset({1}), max_rows=100)  # type: ignore[arg-type]
+        apply_together(failing, [_delivery("b-1", 1, VALID)], max_rows=100)  # type: ignore[arg-type]
 
 
 QUEUE = "imports"
@@ -138,3 +147,22 @@ def test_one_at_a_time_claims_nothing() -> None:
     fetched = Fetched(handover, [_body("b-0", 0), _body("b-1", 1)])
     handed = handover.take(fetched.messages[0])
     assert handed is not None and handover.claim_together(handed) == []
+
+
+def test_the_runner_shares_its_call_with_the_companions_it_accepts_and_hands_each_its_outcome() -> None:
+    """ImportRunner.run with companions: one call for its own import and every
+    companion whose message it accepts; a companion of a contract version it
+    does not accept stays out (None: its own actor records the rejection)."""
+    handover = _handover(together=3)
+    bodies = [_body("b-0", 0), {"version": 99, "jobId": "shipment-b-1"}, _body("b-2", 2)]
+    fetched = Fetched(handover, bodies)
+    store = TogetherStore()
+    runner = ImportRunner(store, Settings(accepted_versions=frozenset({1})))  # type: ignore[arg-type]
+    handed = handover.take(fetched.messages[0])
+    assert handed is not None
+    assert runner.run(bodies[0], "m-0", handed, handover) == "applied"
+    (call,) = store.calls
+    assert [i.job_id for i in call] == ["shipment-b-0", "shipment-b-2"]
+    two, one = handover.take(fetched.messages[2]), handover.take(fetched.messages[1])
+    assert two is not None and isinstance(two.settled, Settled) and two.settled.outcome.kind == "started"
+    assert one is not None and one.settled is None  # runs on its own
