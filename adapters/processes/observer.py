@@ -19,7 +19,7 @@ import redis
 from importer.adapters.logs import log_event
 from importer.adapters.redis.client import RedisClient
 from importer.adapters.redis.keys import Keys
-from importer.adapters.redis.records import event_dict, text_of, xread_entries
+from importer.adapters.redis.records import events_after, text_of, xread_entries
 from importer.domain.locations import MAIN
 
 log = logging.getLogger("importer.events")
@@ -97,15 +97,21 @@ class EventsObserver:
                 positions[key] = self._resolve_start(key, start)
                 log_event(log, "events.watching", location=location, stream_from=positions[key])
 
-    def _read(self, positions: dict[str, str]) -> list[tuple[str, str, dict[Any, Any]]]:
-        """(stream, entry id, fields) of what is new, in the order of each stream."""
+    def _read(self, positions: dict[str, str]) -> list[tuple[str, dict[str, Any]]]:
+        """(stream, event) of what is new after each stream's position, in the
+        order of each stream (an entry holds every event of one job's script
+        call: common.lua, emit)."""
         if len(positions) == 1:
             ((key, after),) = positions.items()
-            return [(key, i, f) for i, f in xread_entries(self.client.xread({key: after}, count=500, block=self.block_ms))]
+            reply = self.client.xread({key: after}, count=500, block=self.block_ms)
+            return [(key, event) for event in events_after(xread_entries(reply), after)]
         pipe = self.client.pipeline(transaction=False)
         for key, after in positions.items():
             pipe.xread({key: after}, count=500)
-        found = [(key, i, f) for key, reply in zip(positions, pipe.execute()) for i, f in xread_entries(reply)]
+        found = [
+            (key, event) for (key, after), reply in zip(positions.items(), pipe.execute())
+            for event in events_after(xread_entries(reply), after)
+        ]
         if not found:
             self.sleep(self.poll_s)
         return found
@@ -126,9 +132,8 @@ class EventsObserver:
                 stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
-            for key, entry_id, fields in found:
-                positions[key] = entry_id
-                event = event_dict(entry_id, fields)
+            for key, event in found:
+                positions[key] = event["id"]
                 line = json.dumps(event, separators=(",", ":")) if self.as_json else format_line(event)
                 self.out.write(line + "\n")
             if found:

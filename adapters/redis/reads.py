@@ -7,8 +7,8 @@ from typing import Any
 from importer.adapters.redis.base import RedisStoreBase
 from importer.adapters.redis.errors import StoreUnavailable, store_errors
 from importer.adapters.redis.records import (
-    bytes_of, job_record, job_stream_events, json_or_none, rejection_report, scored_members, shipment_record,
-    stream_id_key, text_of, xread_entries,
+    bytes_of, events_after, job_record, json_or_none, rejection_report, scored_members, shipment_record,
+    text_of, xread_entries,
 )
 from importer.adapters.redis.keys import Keys
 from importer.domain.jobs import JobRecord, JobState, RejectionReport, ShipmentRecord
@@ -199,13 +199,7 @@ class JobReads(RedisStoreBase):
                 reply = self.client.xread({key: after_id}, count=100, block=block_ms)
             else:
                 reply = self.client.xread({key: after_id}, count=100)
-        # An entry holds every event of the job's script call (common.lua, emit):
-        # those up to after_id were seen already.
-        after = stream_id_key(after_id)
-        return [
-            event for entry_id, fields in xread_entries(reply) for event in job_stream_events(entry_id, fields)
-            if stream_id_key(event["id"]) > after
-        ]
+        return events_after(xread_entries(reply), after_id)
 
     def get_diagnostic(self, job_id: str) -> str:
         """Operators only (``importer inspect``): never shown by the API."""

@@ -5,7 +5,7 @@ the store's scripts write or acknowledge."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, NamedTuple
@@ -213,10 +213,11 @@ def stream_id_key(stream_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-def job_stream_events(entry_id: str, fields: dict[Any, Any]) -> list[dict[str, Any]]:
-    """The events of one entry of a job's own stream P:events:<jobId>, in order,
-    each under its id in P:events (common.lua, emit): those of the entry's
-    numbered fields (id.1, event.1, attempt.1, data.1, ...) first, then its own."""
+def stream_events(entry_id: str, fields: dict[Any, Any]) -> list[dict[str, Any]]:
+    """The events of one entry of P:events or of a job's own stream
+    P:events:<jobId>, in order, each under its own id (common.lua, emit): those
+    of the entry's numbered fields (id.1, event.1, attempt.1, data.1, ...)
+    first, then its own."""
     f = {text_of(k): v for k, v in fields.items()}
     events = []
     i = 1
@@ -228,3 +229,12 @@ def job_stream_events(entry_id: str, fields: dict[Any, Any]) -> list[dict[str, A
         i += 1
     events.append(event_dict(entry_id, f))
     return events
+
+
+def events_after(entries: Iterable[tuple[str, dict[Any, Any]]], after_id: str) -> list[dict[str, Any]]:
+    """The events of stream entries read after ``after_id`` (XREAD), less those
+    up to it: an entry holds every event of one job's script call, and a reader
+    that resumes after an event inside an entry reads that entry again."""
+    after = stream_id_key(after_id)
+    return [event for entry_id, fields in entries for event in stream_events(entry_id, fields)
+            if stream_id_key(event["id"]) > after]

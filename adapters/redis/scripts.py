@@ -48,10 +48,10 @@ def lua_source(name: str) -> str:
     # script runs, not at its first write command: a script that had already
     # written (a DEL, an HDEL) must never stop half-way on OOM.
     # The script's own body runs as a function, so that whatever it returns
-    # the job streams' entries of the call are written after it (common.lua, emit).
+    # the events' entries of the call are written after it (common.lua, emit).
     return (
         f"#!lua\n{_constants()}\n{_read('common')}\n{steps}local function script_body()\n{_read(name)}\nend\n"
-        "local reply = script_body()\nflush_job_events()\nreturn reply\n"
+        "local reply = script_body()\nflush_events()\nreturn reply\n"
     )
 
 

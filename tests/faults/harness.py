@@ -25,6 +25,7 @@ from typing import Any
 
 import redis
 
+from importer.adapters.redis.records import stream_events
 from importer.domain.receipt import decode_receipt
 from tests.integration.support import System, free_port, wait_for
 
@@ -726,7 +727,8 @@ def job_path(client: redis.Redis, prefix: str, job_id: str) -> list[tuple[str, i
     out = []
     for entry_id, fields in client.xrange(f"{prefix}events"):
         if _s(fields.get(b"jobId")) == job_id:
-            out.append((_s(fields[b"event"]), int(fields.get(b"attempt") or 0), int(_s(entry_id).split("-")[0])))
+            for event in stream_events(_s(entry_id), fields):  # one entry per job and script call
+                out.append((event["event"], event["attempt"], int(event["id"].split("-")[0])))
     return out
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import redis
 
+from importer.adapters.redis.records import stream_events
 from tests.faults.harness import FAULT_ENV, Driver, check_invariants, csv_for, documented_bound, preload_scripts, script_sha
 from tests.integration.support import Monitor, wait_for
 
@@ -212,9 +213,9 @@ def test_http_sigkill_during_posts(make_redis: Any, make_faulty: Any) -> None:
 
 def _events(client: redis.Redis, prefix: str, job_id: str) -> list[tuple[str, int]]:
     out = []
-    for _, fields in client.xrange(f"{prefix}events"):
+    for entry_id, fields in client.xrange(f"{prefix}events"):
         if fields[b"jobId"].decode() == job_id:
-            out.append((fields[b"event"].decode(), int(fields[b"attempt"])))
+            out += [(event["event"], event["attempt"]) for event in stream_events(entry_id.decode(), fields)]
     return out
 
 

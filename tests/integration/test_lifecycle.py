@@ -172,6 +172,16 @@ def test_the_observer_sees_every_job_of_two_workers_in_order_and_resumes(make_sy
     assert len(missed) == 10
     resumed.send_signal(signal.SIGTERM)
     assert resumed.wait(timeout=10) == 0
+    # From an event inside an entry: obs-0's 'validated' shares its apply step's
+    # entry with 'committed' and 'completed', which come next, then the rest in order.
+    inside = next(e for e in events if e["jobId"] == "shipment-obs-0" and e["data"].get("phase") == "validated")
+    after_inside = [e["id"] for e in events[events.index(inside) + 1:] + missed]
+    assert [e["event"] for e in events[events.index(inside) + 1:][:2]] == ["progress", "completed"]
+    again, again_out = _observer(system, "--json", "--from", inside["id"])
+    wait_for(lambda: len(_lines(again_out)) >= len(after_inside), 10, message="observer from inside an entry caught up")
+    assert [json.loads(line)["id"] for line in _lines(again_out)] == after_inside
+    again.send_signal(signal.SIGTERM)
+    assert again.wait(timeout=10) == 0
     plain.send_signal(signal.SIGTERM)
     assert plain.wait(timeout=10) == 0
 

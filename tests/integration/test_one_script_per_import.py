@@ -19,6 +19,7 @@ import redis
 from dramatiq.brokers.redis import _scripts as dramatiq_scripts
 
 from importer.adapters.dramatiq import private
+from importer.adapters.redis.records import stream_events, stream_id_key
 from importer.adapters.redis.scripts import fetch_source, lua_source
 from importer.domain.shipment import job_id_for
 from importer.domain.stock import MAX_STOCK
@@ -82,18 +83,21 @@ def _script_calls(commands: list[str]) -> Counter[str]:
 
 def _events(system: System, job_id: str) -> tuple[list[str], int]:
     """The job's events as GET /api/imports/{jobId}/events reads them (its own
-    stream), checked against the global stream P:events: the same events under
-    the same ids. Returns them, and how many entries the job's stream has."""
+    stream), checked against the global stream P:events: the same entries
+    under the same ids, each event under an id of its own, in order. Returns
+    them, and how many entries the job's stream has."""
     store = system.store()
     k = store.partition_of(job_id)
     events = store.job_events(job_id, "0-0", None)
-    everyone = [(entry_id, fields) for entry_id, fields in store.client.xrange(k.events)
+    own = [(entry_id.decode(), fields) for entry_id, fields in store.client.xrange(k.job_events(job_id))]
+    everyone = [(entry_id.decode(), fields) for entry_id, fields in store.client.xrange(k.events)
                 if fields[b"jobId"].decode() == job_id]
-    assert [(e["id"], e["event"]) for e in events] == [
-        (entry_id.decode(), fields[b"event"].decode()) for entry_id, fields in everyone
-    ]
+    assert everyone == own
+    assert events == [event for entry_id, fields in everyone for event in stream_events(entry_id, fields)]
+    ids = [stream_id_key(e["id"]) for e in events]
+    assert ids == sorted(set(ids)), ids
     kinds = [e["event"] if e["event"] != "progress" else json.dumps(e["data"], separators=(",", ":")) for e in events]
-    return kinds, store.client.xlen(k.job_events(job_id))
+    return kinds, len(own)
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ its own, under its id in the global stream, in order."""
 
 from __future__ import annotations
 
-from importer.adapters.redis.records import job_stream_events, stream_id_key
+from importer.adapters.redis.records import stream_events, stream_id_key
 
 
 def test_an_entry_of_one_call_gives_back_each_of_its_events_in_order() -> None:
@@ -17,7 +17,7 @@ def test_an_entry_of_one_call_gives_back_each_of_its_events_in_order() -> None:
         b"id.3": b"1700000000000-6", b"event.3": b"progress", b"attempt.3": b"1",
         b"data.3": b'{"phase":"committed","rows":3}',
     }
-    events = job_stream_events("1700000000000-7", fields)
+    events = stream_events("1700000000000-7", fields)
     assert [(e["id"], e["event"], e["data"].get("phase")) for e in events] == [
         ("1700000000000-4", "active", None),
         ("1700000000000-5", "progress", "validated"),
@@ -29,7 +29,7 @@ def test_an_entry_of_one_call_gives_back_each_of_its_events_in_order() -> None:
 
 def test_an_entry_of_one_event_reads_as_entries_always_did() -> None:
     fields = {b"jobId": b"shipment-b1", b"batchId": b"b1", b"event": b"waiting", b"attempt": b"0", b"data": b"{}"}
-    (event,) = job_stream_events("1700000000000-0", fields)
+    (event,) = stream_events("1700000000000-0", fields)
     assert event == {"id": "1700000000000-0", "event": "waiting", "jobId": "shipment-b1", "batchId": "b1",
                      "attempt": 0, "data": {}}
 

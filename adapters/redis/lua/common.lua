@@ -30,9 +30,10 @@
 --   P:jobs:failed:<owner>   zset    jobId -> finishedAt (one owner's: retention by count)
 --   P:jobs:finished:new     zset    jobId -> finishedAt, finished but not yet in its owner's index
 --                                   (the retention pass moves it there, retain_index.lua)
---   P:events                stream  every job change (approximate MAXLEN)
---   P:events:<jobId>        stream  [console] the same events for one job, under the same ids as in
---                                   P:events, one entry per script call (see emit below;
+--   P:events                stream  every job change, one entry per job and script call (see emit
+--                                   below; approximate MAXLEN)
+--   P:events:<jobId>        stream  [console] the same entries for one job, under the same ids as in
+--                                   P:events (see emit below;
 --                                   GET /api/imports/{jobId}/events reads it); removed with the record
 --   P:jobs:owner:<owner>    zset    [console] jobId -> createdAt, one owner's job records (GET /api/imports);
 --                                   written by enqueue.lua, removed with the record by retention (retain_drop.lua)
@@ -100,32 +101,37 @@ local function job_step(keys, argv, now)
   }
 end
 
--- Each event goes to P:events at once and [console] to the job's own stream
--- P:events:<jobId> (job_events_key, declared by the caller) at the end of the
--- script call (flush_job_events, which adapters/redis/scripts.py runs after
--- every script): ONE entry per job and call, under the id of the job's last
--- event of the call in P:events, so that a stream of one job reads only its
--- own entries and a small import that ends in one call (active, validated,
--- committed, completed) costs one write there, not four. The call's earlier
--- events of that job ride in the entry as numbered fields (id.1, event.1,
+-- Events: emit() keeps each event of the call, and at the end of the call
+-- (flush_events, which adapters/redis/scripts.py runs after every script)
+-- each job's events of the call become ONE entry in P:events and the same
+-- entry in the job's own stream P:events:<jobId> (job_events_key, declared
+-- by the caller), so that a small import that ends in one call (active,
+-- validated, committed, completed) costs one write to each, not four; a
+-- stream of one job reads only its own entries.
+--
+-- Every event keeps an id of its own, ordered as the events were made: the
+-- call gives its events consecutive stream ids after the newest entry of
+-- P:events (as XADD '*' would, from the server's clock: ms-0, ms-1, ... or,
+-- within the newest entry's millisecond, its seq + 1, + 2, ...), and each
+-- entry is written under the id of its job's LAST event of the call. Its
+-- earlier events ride in the entry as numbered fields (id.1, event.1,
 -- attempt.1, data.1, ...; the last event's as event, attempt, data), so an
 -- entry of one event reads as it always did; adapters/redis/records.py
--- (job_stream_events) gives each event back under its own P:events id.
--- pcall: that write must never abort the script after the others.
+-- (stream_events) gives each event back under its own id, and a reader
+-- resuming after an event inside an entry (SSE's Last-Event-ID, `importer
+-- events --from`) reads that entry again and skips what it saw.
+-- The job stream's write is a pcall: it must never abort the script after the others.
 local JOB_EVENTS_MAXLEN = 64
-local job_events_pending, job_events_order = {}, {}
+local events_pending, events_order = {}, {}
 local function emit(events_key, job_events_key, maxlen, kind, job_id, batch_id, attempt, data)
-  local id = redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*',
-    'event', kind, 'jobId', job_id, 'batchId', batch_id,
-    'attempt', attempt, 'data', data)
-  local pending = job_events_pending[job_events_key]
+  local pending = events_pending[job_events_key]
   if not pending then
-    pending = {job_id, batch_id}
-    job_events_pending[job_events_key] = pending
-    job_events_order[#job_events_order + 1] = job_events_key
+    pending = {events_key, maxlen, job_id, batch_id}
+    events_pending[job_events_key] = pending
+    events_order[#events_order + 1] = job_events_key
   end
   local n = #pending
-  pending[n + 1], pending[n + 2], pending[n + 3], pending[n + 4] = id, kind, attempt, data
+  pending[n + 1], pending[n + 2], pending[n + 3] = kind, attempt, data
 end
 
 -- The numbered field names of the first earlier events, made once (making
@@ -133,22 +139,61 @@ end
 local EARLIER_EVENT_FIELDS = {'id.1', 'event.1', 'attempt.1', 'data.1', 'id.2', 'event.2', 'attempt.2', 'data.2',
   'id.3', 'event.3', 'attempt.3', 'data.3'}
 
-local function flush_job_events()
-  for _, key in ipairs(job_events_order) do
-    local p = job_events_pending[key]
-    local last = #p - 3  -- the last event's id, then its kind, attempt and data
-    local args = {'XADD', key, 'MAXLEN', JOB_EVENTS_MAXLEN, p[last], 'jobId', p[1], 'batchId', p[2],
-      'event', p[last + 1], 'attempt', p[last + 2], 'data', p[last + 3]}
-    local n = 15
-    for at = 3, last - 4, 4 do
-      local f = at - 2  -- the event's first name in EARLIER_EVENT_FIELDS (4 per event)
-      local i = (at + 1) / 4
-      args[n + 1], args[n + 2] = EARLIER_EVENT_FIELDS[f] or ('id.' .. i), p[at]
-      args[n + 3], args[n + 4] = EARLIER_EVENT_FIELDS[f + 1] or ('event.' .. i), p[at + 1]
-      args[n + 5], args[n + 6] = EARLIER_EVENT_FIELDS[f + 2] or ('attempt.' .. i), p[at + 2]
-      args[n + 7], args[n + 8] = EARLIER_EVENT_FIELDS[f + 3] or ('data.' .. i), p[at + 3]
-      n = n + 8
+-- {ms, seq} of a stream id.
+local function id_parts(id)
+  local dash = string.find(id, '-', 1, true)
+  return tonumber(string.sub(id, 1, dash - 1)), tonumber(string.sub(id, dash + 1))
+end
+
+-- {ms, seq} of the id the call's next event takes after the newest entry of events_key.
+local function first_free_id(events_key)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local top = redis.call('XREVRANGE', events_key, '+', '-', 'COUNT', 1)[1]
+  if top then
+    local ms, seq = id_parts(top[1])
+    if ms >= now then return {ms, seq + 1} end
+  end
+  return {now, 0}
+end
+
+local function flush_events()
+  local free = {}  -- events key -> {ms, seq} of its next id, once the call wrote there
+  for _, job_events_key in ipairs(events_order) do
+    local p = events_pending[job_events_key]
+    local events_key = p[1]
+    local last = #p - 2  -- the last event's kind, then its attempt and data
+    local count = (last - 2) / 3
+    local args = {'XADD', events_key, 'MAXLEN', '~', p[2], '*', 'jobId', p[3], 'batchId', p[4],
+      'event', p[last], 'attempt', p[last + 1], 'data', p[last + 2]}
+    local n = 16
+    local next_id = free[events_key]
+    if count == 1 and not next_id then
+      -- One event, the call's first entry there: the server's own id (a POST's 'waiting').
+      local ms, seq = id_parts(redis.call(unpack(args, 1, n)))
+      free[events_key] = {ms, seq + 1}
+      args[6] = ms .. '-' .. seq
+    else
+      if not next_id then
+        next_id = first_free_id(events_key)
+        free[events_key] = next_id
+      end
+      local ms, seq = next_id[1], next_id[2]
+      args[6] = ms .. '-' .. (seq + count - 1)
+      local f = 1  -- the event's first name in EARLIER_EVENT_FIELDS (4 per event)
+      for at = 5, last - 3, 3 do
+        local i = (at - 2) / 3
+        args[n + 1], args[n + 2] = EARLIER_EVENT_FIELDS[f] or ('id.' .. i), ms .. '-' .. (seq + i - 1)
+        args[n + 3], args[n + 4] = EARLIER_EVENT_FIELDS[f + 1] or ('event.' .. i), p[at]
+        args[n + 5], args[n + 6] = EARLIER_EVENT_FIELDS[f + 2] or ('attempt.' .. i), p[at + 1]
+        args[n + 7], args[n + 8] = EARLIER_EVENT_FIELDS[f + 3] or ('data.' .. i), p[at + 2]
+        n, f = n + 8, f + 4
+      end
+      redis.call(unpack(args, 1, n))
+      next_id[2] = seq + count
     end
+    -- the same entry in the job's stream, trimmed exactly
+    args[2], args[4], args[5] = job_events_key, '=', JOB_EVENTS_MAXLEN
     redis.pcall(unpack(args, 1, n))
   end
 end
