@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from importer.adapters.redis.records import events_after, stream_id_key
 from importer.adapters.settings import Settings
 from importer.domain.errors import PublicError
 from importer.domain.shipment import Row, Shipment
@@ -168,3 +169,46 @@ def test_a_delivery_that_finds_a_lost_attempt_leaves_it_to_the_reconciler(
     assert lost[0]["data"]["code"] == "import.worker_lost"
     assert _apply(store, job_id, upload_id, 1, first.token) == "finished"  # the lost attempt wakes up: no change
     assert store.stock_of(["A", "B"]) == {"A": 2, "B": 3}
+
+
+def _global_events(store: ProbeStore) -> list[dict[str, object]]:
+    return events_after(
+        ((i.decode(), f) for i, f in store.client.xrange(store.keys.events)), "0-0",
+    )
+
+
+@pytest.mark.parametrize("clock", ["now", "ahead"], ids=["newest-entry-now", "newest-entry-ahead-of-the-clock"])
+def test_a_one_step_call_gives_each_of_its_events_an_id_of_its_own_after_the_newest_entry(
+    store: ProbeStore, clock: str,
+) -> None:
+    """common.lua, flush_events: the 4 events of a one-step import are one entry
+    in P:events (and in the job's stream) and keep ids of their own, after every
+    id already in the stream, even one ahead of the server's clock."""
+    job_id, upload_id = _record(store)
+    if clock == "ahead":  # an entry an hour ahead (another server's clock, before a failover)
+        store.client.xadd(store.keys.events, {"event": "waiting", "jobId": "x", "batchId": "x", "attempt": 0, "data": "{}"},
+                          id=f"{int(time.time() * 1000) + 3_600_000}-5")
+    before = store.client.xrevrange(store.keys.events, count=1)[0][0].decode()
+    outcome, applied = store.start_and_apply(job_id=job_id, upload_id=upload_id, batch_id="b1", shipment=SHIPMENT)
+    assert applied is not None and applied.kind == "applied"
+    entries = store.client.xrange(store.keys.events, min="(" + before)
+    assert len(entries) == 1
+    mine = [e for e in _global_events(store) if e["jobId"] == job_id]
+    assert [e["event"] for e in mine] == ["waiting", "active", "progress", "progress", "completed"]
+    ids = [stream_id_key(str(e["id"])) for e in mine]
+    assert ids == sorted(set(ids)) and ids[1] > stream_id_key(before)
+    assert store.job_events(job_id, "0-0", None) == mine
+
+
+def test_events_are_written_when_the_streams_newest_entries_were_deleted_by_hand(store: ProbeStore) -> None:
+    """The stream's last id is above its newest entry (an operator's XDEL): the
+    ids the call gives are refused, and the entry takes the server's own id."""
+    job_id, upload_id = _record(store)
+    ahead = f"{int(time.time() * 1000) + 3_600_000}-0"
+    store.client.xadd(store.keys.events, {"event": "waiting", "jobId": "x", "batchId": "x", "attempt": 0, "data": "{}"}, id=ahead)
+    store.client.xdel(store.keys.events, ahead)
+    outcome, applied = store.start_and_apply(job_id=job_id, upload_id=upload_id, batch_id="b1", shipment=SHIPMENT)
+    assert applied is not None and applied.kind == "applied"
+    (last_id, fields), = store.client.xrevrange(store.keys.events, count=1)
+    assert fields[b"event"] == b"completed" and stream_id_key(last_id.decode()) > stream_id_key(ahead)
+    assert [e["event"] for e in store.job_events(job_id, "0-0", None)][-1] == "completed"

@@ -189,8 +189,15 @@ local function flush_events()
         args[n + 7], args[n + 8] = EARLIER_EVENT_FIELDS[f + 3] or ('data.' .. i), p[at + 2]
         n, f = n + 8, f + 4
       end
-      redis.call(unpack(args, 1, n))
       next_id[2] = seq + count
+      if type(redis.pcall(unpack(args, 1, n))) == 'table' then
+        -- Refused (only if someone deleted the stream's newest entries by hand, its
+        -- last id is above the newest entry's): the server's own id, above it.
+        args[6] = '*'
+        args[6] = redis.call(unpack(args, 1, n))
+        ms, seq = id_parts(args[6])
+        free[events_key] = {ms, seq + 1}
+      end
     end
     -- the same entry in the job's stream, trimmed exactly
     args[2], args[4], args[5] = job_events_key, '=', JOB_EVENTS_MAXLEN
