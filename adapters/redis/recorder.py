@@ -95,9 +95,16 @@ class JobRecorder(RedisStoreBase):
                 script_calls.append(("enqueue_many", keys, args))
             with store_errors():
                 replies = self._pipelined(script_calls) if script_calls else []
-            for (_, jobs), reply in zip(runs, replies):
+            written: dict[str, Keys] = {}
+            for (location, jobs), reply in zip(runs, replies):
                 for (position, _, _, now), job_reply in zip(jobs, reply):
-                    outcomes[position] = self._enqueued(calls[position].job_id, job_reply, now)
+                    outcomes[position] = self._enqueued(calls[position].job_id, job_reply, now, replicated=False)
+                    if text_of(job_reply[0]) in ("created", "exists"):
+                        written.setdefault(location, self.partition_of(calls[position].job_id))
+            # Before the 202s: one wait per partition written, not one per job (its SET
+            # moves the offset past every earlier write of that master).
+            for k in written.values():
+                self._replicated(k)
         return [o for o in outcomes if o is not None]
 
     def _may_group(self, calls: Sequence[EnqueueCall]) -> bool:
@@ -149,11 +156,12 @@ class JobRecorder(RedisStoreBase):
             args += ["", "", "", parent]
         return keys, args
 
-    def _enqueued(self, job_id: str, reply: Any, now: int) -> EnqueueOutcome:
-        """What enqueue.lua's reply says (the replicas waited for, for a job that exists)."""
+    def _enqueued(self, job_id: str, reply: Any, now: int, *, replicated: bool = True) -> EnqueueOutcome:
+        """What enqueue.lua's reply says (the replicas waited for, for a job that
+        exists, unless ``replicated`` is False: the caller waits once for many)."""
         s = self.settings
         kind = text_of(reply[0])
-        if kind in ("created", "exists"):
+        if replicated and kind in ("created", "exists"):
             self._replicated(self.partition_of(job_id))
         if kind == "created":
             return EnqueueOutcome("created", JobState.WAITING, sent=bool(int(reply[1])))

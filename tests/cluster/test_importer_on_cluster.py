@@ -385,10 +385,24 @@ def test_an_import_is_accepted_only_once_a_replica_has_it(fresh_cluster: Any, tm
 
         status, body = post("replicated-2")  # the client's retry, the replica back
         assert status == 202, body
-        for batch_id in ("replicated-1", "replicated-2"):
+
+        # A bulk request waits once for the partition's replica, not once per shipment.
+        on_master = master.raw_client()
+        waits_before = on_master.info("commandstats").get("cmdstat_wait", {}).get("calls", 0)
+        bulk = b"".join(json.dumps({"batchId": f"replicated-b{n}", "csv": SEED.decode(), "location": location}).encode() + b"\n"
+                        for n in range(20))
+        status, _, answer = system.request("POST", "/api/imports/bulk", body=bulk, ctype="application/x-ndjson")
+        assert status == 200, answer
+        assert [r["status"] for r in json.loads(answer)["results"]] == [202] * 20
+        assert on_master.info("commandstats").get("cmdstat_wait", {}).get("calls", 0) - waits_before == 1
+        for n in range(20):  # every record on the replica when the answer is sent
+            assert on_replica.hget(Keys(system.prefix, location).job(job_id_for(f"replicated-b{n}", location)), "batchId")
+
+        batches = ["replicated-1", "replicated-2", *(f"replicated-b{n}" for n in range(20))]
+        for batch_id in batches:
             assert system.wait_state(job_id_for(batch_id, location))["state"] == "completed"
         stock = cluster.client().hgetall(Keys(system.prefix, location).stock)
-        assert {k.decode(): int(v) for k, v in stock.items()} == {sku: 2 * n for sku, n in SEED_SKUS.items()}
+        assert {k.decode(): int(v) for k, v in stock.items()} == {sku: len(batches) * n for sku, n in SEED_SKUS.items()}
         on_replica.close()
     finally:
         system.stop_all()
