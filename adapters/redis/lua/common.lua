@@ -111,7 +111,7 @@ end
 --
 -- Every event keeps an id of its own, ordered as the events were made: the
 -- call gives its events consecutive stream ids after the newest entry of
--- P:events (as XADD '*' would, from the server's clock: ms-0, ms-1, ... or,
+-- P:events (as XADD '*' would, from the server's clock, server_ms: ms-0, ms-1, ... or,
 -- within the newest entry's millisecond, its seq + 1, + 2, ...), and each
 -- entry is written under the id of its job's LAST event of the call. Its
 -- earlier events ride in the entry as numbered fields (id.1, event.1,
@@ -147,8 +147,7 @@ end
 
 -- {ms, seq} of the id the call's next event takes after the newest entry of events_key.
 local function first_free_id(events_key)
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = server_ms()
   local top = redis.call('XREVRANGE', events_key, '+', '-', 'COUNT', 1)[1]
   if top then
     local ms, seq = id_parts(top[1])
