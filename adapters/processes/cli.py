@@ -143,7 +143,7 @@ _API_BESIDE_DEV = {"submit", "status", "retry"}
 
 def _beside_dev(args: argparse.Namespace) -> None:
     from importer.adapters.dev_state import data_folder
-    from importer.adapters.settings import adopt_running_dev
+    from importer.adapters.command_settings import adopt_running_dev
 
     store = args.command in _STORE_BESIDE_DEV or (args.command == "ledger" and args.action == "verify")
     if not store and args.command not in _API_BESIDE_DEV:

@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from importer.adapters.settings import ClientSettings
+from importer.adapters.command_settings import ClientSettings
 from importer.domain.jobs import FINISHED_STATES
 from importer.handlers.digest import content_digest
 

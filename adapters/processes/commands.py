@@ -11,7 +11,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from importer.adapters.settings import Settings, child_env, log_format
+from importer.adapters.command_settings import child_env
+from importer.adapters.settings import Settings, log_format
 
 ROOT = Path(__file__).resolve().parents[2]
 

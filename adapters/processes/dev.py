@@ -19,7 +19,8 @@ from typing import Any
 from importer.adapters.dev_state import LOCK_FILE, dev_key, remove_state, write_state
 from importer.adapters.exclusive import FolderHeld, FolderLock, address_in_use
 from importer.adapters.processes.client import http_json
-from importer.adapters.settings import DevSettings, Settings, child_env
+from importer.adapters.command_settings import DevSettings, child_env
+from importer.adapters.settings import Settings
 from importer.domain.jobs import FINISHED_STATES
 
 ROOT = Path(__file__).resolve().parents[2]

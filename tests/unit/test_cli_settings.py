@@ -8,7 +8,8 @@ import os
 import pytest
 
 from importer.adapters.processes.cli import build_parser
-from importer.adapters.settings import ClientSettings, DevSettings, Settings, SettingsError, child_env
+from importer.adapters.command_settings import ClientSettings, DevSettings, child_env
+from importer.adapters.settings import Settings, SettingsError
 
 
 def test_the_http_bind_and_the_worker_metrics_port_are_settings() -> None:
