@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 from importer.adapters import tracing
 from importer.adapters.settings import log_format as configured_log_format
+from importer.adapters.settings import log_level as configured_log_level
 from importer.domain.ids import request_id_var
 
 _RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", (), None)))
@@ -91,7 +92,7 @@ class TextFormatter(logging.Formatter):
             error = record.exc_info[1]
             fields.append(f"exc={_text_value(f'{type(error).__name__}: {error}'[:300])}")
         line = " ".join(fields)
-        if record.exc_info and logging.getLogger().isEnabledFor(logging.DEBUG):
+        if record.exc_info and logging.getLogger("importer").isEnabledFor(logging.DEBUG):
             line += "\n" + self.formatException(record.exc_info)
         return line
 
@@ -115,7 +116,7 @@ class _DramatiqRepeats(logging.Filter):
             return True
         for name, start in _SAID_BY_IMPORTER:
             if record.name == name and str(record.msg).startswith(start) and _about_an_import(record):
-                if not logging.getLogger().isEnabledFor(logging.DEBUG):
+                if not logging.getLogger("importer").isEnabledFor(logging.DEBUG):
                     return False
                 record.levelno, record.levelname = logging.DEBUG, "DEBUG"
         return True
@@ -168,15 +169,25 @@ def shared_stderr() -> TextIO:
     return open(os.dup(2), "w", encoding="utf-8", errors="replace", buffering=1)
 
 
-def configure_logging(level: str = "INFO", stream: TextIO | None = None, log_format: str | None = None) -> None:
+def configure_logging(level: str | None = None, stream: TextIO | None = None, log_format: str | None = None) -> None:
     """Every record to ``stream`` (stderr), one line each, in ``log_format``
-    (default: IMPORTER_LOG_FORMAT, else json)."""
+    (default: IMPORTER_LOG_FORMAT, else json).
+
+    ``level`` (default: IMPORTER_LOG_LEVEL, else info) is that of Importer's own
+    loggers (``importer.*``): at debug they add the line of each applied import.
+    The libraries' loggers (dramatiq, redis, ...) stay at info below it: dramatiq
+    writes several debug lines per message."""
+    name = (level or configured_log_level()).upper()
     handler = LineHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(formatter_class(log_format)())
     handler.addFilter(_DramatiqRepeats())
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level)
+    root.setLevel(max(logging.INFO, logging.getLevelName(name)))
+    logging.getLogger("importer").setLevel(name)
+    # dramatiq names an actor's logger after its function's module: its per-message
+    # debug line ("Completed after ...") would come under importer.adapters.
+    logging.getLogger("importer.adapters").setLevel(root.level)
 
 
 def log_event(

@@ -61,17 +61,27 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
 #: IMPORTER_LOG_FORMAT: "json" (one JSON object per line, for services and
 #: log collectors) or "text" (one short readable line, for a terminal).
 LOG_FORMATS = ("json", "text")
+#: IMPORTER_LOG_LEVEL: the level of Importer's own loggers ("importer.*").
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _one_of(env: Mapping[str, str] | None, name: str, choices: tuple[str, ...], default: str) -> str:
+    """The variable, lower case, or ``default`` when it is unset or empty; else refused by name."""
+    env = os.environ if env is None else env
+    value = (env.get(name) or default).strip().lower()
+    if value not in choices:
+        raise SettingsError(f"{name} must be {', '.join(choices[:-1])} or {choices[-1]}, got {env.get(name)!r}")
+    return value
 
 
 def log_format(env: Mapping[str, str] | None = None, default: str = "json") -> str:
-    """IMPORTER_LOG_FORMAT, or ``default`` when it is unset or empty. Read on
-    its own (not only through ``Settings``) because logging is configured
-    first, before the other settings are read and checked."""
-    env = os.environ if env is None else env
-    value = (env.get("IMPORTER_LOG_FORMAT") or default).strip().lower()
-    if value not in LOG_FORMATS:
-        raise SettingsError(f"IMPORTER_LOG_FORMAT must be json or text, got {env.get('IMPORTER_LOG_FORMAT')!r}")
-    return value
+    """IMPORTER_LOG_FORMAT. Read on its own (not only through ``Settings``), as
+    log_level is: logging is configured first, before the other settings."""
+    return _one_of(env, "IMPORTER_LOG_FORMAT", LOG_FORMATS, default)
+
+
+def log_level(env: Mapping[str, str] | None = None) -> str:
+    return _one_of(env, "IMPORTER_LOG_LEVEL", LOG_LEVELS, "info")
 
 
 def _api_keys(env: Mapping[str, str]) -> str:
@@ -209,6 +219,8 @@ class Settings:
     http_header_timeout_s: float = 10.0
     #: Log lines: "json" (default) or "text" (``importer dev``'s default); see log_format.
     log_format: str = "json"
+    #: The level of Importer's own log lines (debug adds each applied import's); see log_level.
+    log_level: str = "info"
     #: [ledger] PostgreSQL URL of the ledger (IMPORTER_DATABASE_URL); None: the ledger is off
     #: (``importer dev`` starts an embedded server instead).
     database_url: str | None = None
@@ -292,6 +304,7 @@ class Settings:
             http_server=env.get("IMPORTER_HTTP_SERVER") or cls.http_server,
             http_header_timeout_s=_float(env, "IMPORTER_HTTP_HEADER_TIMEOUT", cls.http_header_timeout_s),
             log_format=log_format(env),
+            log_level=log_level(env),
         )
         settings.check()
         return settings
@@ -323,8 +336,7 @@ class Settings:
             raise SettingsError("IMPORTER_HTTP_BODY_TIMEOUT must be > 0")
         if self.http_server not in ("granian", "gunicorn"):
             raise SettingsError("IMPORTER_HTTP_SERVER must be granian or gunicorn")
-        if self.log_format not in LOG_FORMATS:
-            raise SettingsError("IMPORTER_LOG_FORMAT must be json or text")
+        log_format({"IMPORTER_LOG_FORMAT": self.log_format}), log_level({"IMPORTER_LOG_LEVEL": self.log_level})
         if self.max_attempts < 1:
             raise SettingsError("max_attempts must be >= 1")
         if not 1 <= self.apply_together_max <= 64:

@@ -64,7 +64,8 @@ DOCUMENTED = {"waiting": GRACE + INTERVAL, "active": LEASE + INTERVAL, "complete
 #: rows) on a loaded machine (CI met 8.1 s with 3 s here, the bound being 5 s).
 SLACK = 5.0
 #: No drain delay: no load balancer here, and each test stops its server.
-ENV = {"IMPORTER_HTTP_DRAIN_DELAY": "0"}
+# The worker writes import.applied (a debug line) once it has read the apply's reply: the marker of some points.
+ENV = {"IMPORTER_HTTP_DRAIN_DELAY": "0", "IMPORTER_LOG_LEVEL": "debug"}
 ONE_STEP_MAX = 16 * 1024  # the default IMPORTER_ONE_STEP_MAX_BYTES
 
 #: How the process is stopped at its step.

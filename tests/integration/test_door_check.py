@@ -98,7 +98,7 @@ def test_two_workers_of_different_versions(make_system: Any) -> None:
     assert "worker contract versions: 1 live:" in checklist.stdout and "accepts 1" in checklist.stdout
 
     # A worker that accepts 1 and 2 joins: the same POST is accepted.
-    new = system.start_worker(IMPORTER_ACCEPTED_VERSIONS="1,2")
+    new = system.start_worker(IMPORTER_ACCEPTED_VERSIONS="1,2", IMPORTER_LOG_LEVEL="debug")  # import.applied: a debug line
     assert health_workers(system) == {"alive": 2, "acceptedVersions": [1, 2], "producerVersion": 2, "acceptsImports": True}
     checklist = doctor(system, **V2)
     assert checklist.returncode == 0, checklist.stdout

@@ -214,7 +214,7 @@ def test_the_observer_survives_a_redis_restart(tmp_path: Path, make_system: obje
 def test_sigterm_lets_the_worker_finish_an_import_in_flight(make_system: object, signals: int) -> None:
     system = make_system()  # type: ignore[operator]
     system.start_http()
-    worker = system.start_worker(IMPORTER_FAULT="before_apply:3")
+    worker = system.start_worker(IMPORTER_FAULT="before_apply:3", IMPORTER_LOG_LEVEL="debug")  # import.applied: a debug line
     system.post_csv("graceful-1", SEED)
     wait_for(lambda: "fault.injected" in worker.log(), 10, message="import in flight")
     for _ in range(signals):

@@ -80,6 +80,10 @@ def test_operators_see_the_queue_retry_an_outage_in_bulk_and_act_on_record(ops_s
     odd = system.start_worker(IMPORTER_ACCEPTED_VERSIONS="2")
     for job in ("shipment-ops-1", "shipment-ops-2", "shipment-ops-3", "shipment-ops-p@paris"):
         assert system.wait_state(job, ("failed",), **({"key": system.other_key} if job.endswith("3") else {}))
+    # A job's record is final before its message leaves the worker's count of those in
+    # flight (dramatiq's after-hook), and the view shows the last beat (every second here).
+    wait_for(lambda: [w["inFlight"] for w in call(system, "GET", "/api/ops/overview", operator)[2]["workers"]] == [0],
+             5, message="the worker's next beat: nothing in flight")
     view = call(system, "GET", "/api/ops/overview", operator)[2]
     (worker,) = view["workers"]
     assert worker["acceptedVersions"] == [2] and worker["release"] and worker["inFlight"] == 0

@@ -75,7 +75,7 @@ def collector() -> Iterator[Collector]:
 
 def test_one_trace_spans_the_post_the_worker_and_a_retry(make_system: Any, collector: Collector) -> None:
     system: System = make_system(OTEL_TRACES_EXPORTER="otlp", OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint,
-                                 OTEL_BSP_SCHEDULE_DELAY="100")
+                                 OTEL_BSP_SCHEDULE_DELAY="100", IMPORTER_LOG_LEVEL="debug")  # import.applied: a debug line
     system.start_http()
     # A retryable failure first: a worker that reads only contract version 2.
     status, _, body = system.request("POST", "/api/imports?batchId=traced", body=SEED, ctype="text/csv",

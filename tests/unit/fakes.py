@@ -339,12 +339,14 @@ class FakeAttemptStore:
 
 @dataclass
 class EventRecorder:
-    """An EventLog keeping (event, fields) pairs."""
+    """An EventLog keeping (event, fields) pairs, and each one's level."""
 
     events: list[tuple[str, dict[str, object]]] = field(default_factory=list)
+    levels: dict[str, int] = field(default_factory=dict)
 
     def __call__(self, event: str, level: int = 20, **fields: object) -> None:
         self.events.append((event, fields))
+        self.levels[event] = level
 
 
 def _at(batch_id: str, location: str) -> str:

@@ -117,13 +117,13 @@ def test_a_text_line_carries_the_request_id_and_the_traceback() -> None:
         request_id_var.reset(token)
     # one line at info: the exception as a field (the traceback is the JSON line's)
     assert text.split(" ", 1)[1] == 'error http.failed jobId=j-1 requestId=req-7 exc="ValueError: boom"'
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.DEBUG)
+    own = logging.getLogger("importer")  # IMPORTER_LOG_LEVEL is the level of Importer's own loggers
+    level = own.level
+    own.setLevel(logging.DEBUG)
     try:
         first, *rest = formatter.format(record).splitlines()
     finally:
-        root.setLevel(level)
+        own.setLevel(level)
     # at debug level, the traceback follows
     assert first.endswith(" exc=\"ValueError: boom\"") and rest[0] == "Traceback (most recent call last):" and rest[-1] == "ValueError: boom"
 
@@ -186,6 +186,42 @@ def test_configure_logging_follows_importer_log_format(tmp_path: Path) -> None:
     assert json.loads(lines[""])["event"] == json.loads(lines["json"])["event"] == "import.applied"
     for value in ("text", "TEXT"):
         assert re.fullmatch(r"\d\d:\d\d:\d\d info  import\.applied jobId=shipment-a", lines[value]), lines[value]
+
+
+def test_importer_log_level_sets_importers_own_lines_and_never_brings_dramatiqs_debug_lines() -> None:
+    """IMPORTER_LOG_LEVEL (default info) is the level of Importer's own loggers:
+    at debug, the line of each applied import; the libraries' own loggers stay
+    at info (dramatiq's debug lines are several per message), or go up with it
+    past info. A value it does not know is refused by name."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import logging\n"
+        "from importer.adapters.logs import configure_logging, log_event\n"
+        "configure_logging()\n"
+        "log_event(logging.getLogger('importer.worker'), 'import.applied', logging.DEBUG, jobId='shipment-a')\n"
+        "log_event(logging.getLogger('importer.worker'), 'import.replayed', jobId='shipment-a')\n"
+        "logging.getLogger('dramatiq.worker.WorkerThread').debug('Received message %s', 'x')\n"
+        "logging.getLogger('importer.adapters.dramatiq.runner.import_shipment').debug('Completed after 0.06ms.')\n"
+        "logging.getLogger('dramatiq.worker.Worker').info('Worker is ready')\n"
+        "log_event(logging.getLogger('importer.worker'), 'import.fenced', logging.WARNING, jobId='shipment-a')\n"
+    )
+    seen = {}
+    for value in ("", "info", "debug", "DEBUG", "warning", "loud"):
+        env = {k: v for k, v in os.environ.items() if k not in ("IMPORTER_LOG_LEVEL", "IMPORTER_LOG_FORMAT")}
+        if value:
+            env["IMPORTER_LOG_LEVEL"] = value
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        if value == "loud":
+            assert done.returncode != 0 and "IMPORTER_LOG_LEVEL must be debug, info, warning or error" in done.stderr
+            continue
+        assert done.returncode == 0, done.stderr
+        seen[value] = [json.loads(line)["msg"] for line in done.stderr.splitlines()]
+    assert seen[""] == seen["info"] == ["import.replayed", "Worker is ready", "import.fenced"]
+    assert seen["debug"] == seen["DEBUG"] == ["import.applied", "import.replayed", "Worker is ready", "import.fenced"]
+    assert seen["warning"] == ["import.fenced"]
 
 
 def test_granian_lines_follow_the_format_and_only_its_threads_warning_up_to_the_measured_count_is_dropped() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from importer.domain.contract import encode_message
@@ -135,6 +137,20 @@ def test_run_applies_once_and_skips_a_redelivery() -> None:
     assert (first, second) == ("applied", "finished")
     assert store.applied == ["b-1"] and started == [("shipment-b-1", 1)]
     assert [e for e, _ in log.events] == ["import.started", "import.applied", "import.skipped"]
+
+
+def test_an_applied_import_is_a_debug_line_and_a_replayed_one_an_info_line() -> None:
+    """The line of every import that went as it should stays below the default
+    level (IMPORTER_LOG_LEVEL=debug shows it); one whose batch had been applied
+    already (a send twice, the done marker held) is shown."""
+    log = EventRecorder()
+    run_import(FakeAttemptStore(CSV), encode_message("shipment-b-1", "b-1", UPLOAD), accepted_versions=frozenset({1}),
+               max_rows=100, log=log)
+    run_import(FakeAttemptStore(CSV, applied=["b-1"]), encode_message("shipment-b-1", "b-1", UPLOAD),
+               accepted_versions=frozenset({1}), max_rows=100, log=log)
+
+    assert [e for e, _ in log.events] == ["import.started", "import.applied", "import.started", "import.replayed"]
+    assert (log.levels["import.applied"], log.levels["import.replayed"]) == (logging.DEBUG, logging.INFO)
 
 
 def test_run_fails_invalid_csv_permanently_with_the_first_issue_code() -> None:
