@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from importer.adapters.redis.scripts import lua_source
+from importer.domain.receipt import decode_receipt
 from importer.domain.shipment import job_id_for
 from importer.domain.stock import MAX_STOCK
 from tests.integration.support import System, stored_messages, wait_for
@@ -79,6 +80,11 @@ def test_a_backlog_is_applied_several_imports_per_call_each_with_its_own_outcome
     assert stock["NEARLY-FULL-01"] == MAX_STOCK - 1 and stock["REPLAY-01"] == 7
     assert all(stock[f"OWN-{i:03d}"] == i + 1 for i in range(40))
     assert store.generation() == 41
+    # Each receipt: the stock just before its own rows, after every import applied before it, in the same call or not.
+    receipts = {b: {line.sku: line for line in decode_receipt(store.client.get(store.keys.receipt(b)) or b"")} for b in valid}
+    assert all(receipts[b][f"OWN-{i:03d}"].before == 0 for i, b in enumerate(valid))
+    assert sorted(r["SHARED-01"].before for r in receipts.values()) == list(range(1, 41))
+    assert store.client.get(store.keys.receipt("tg-overflow")) is None
     assert store.stock_of(["PARIS-01"], "paris") == {"PARIS-01": 12}
     assert store.generation("paris") == 6
 
