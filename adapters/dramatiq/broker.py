@@ -31,6 +31,7 @@ from dramatiq.common import current_millis
 from dramatiq.middleware import CurrentMessage, Middleware, Retries, ShutdownNotifications, TimeLimit
 
 from importer.adapters.dramatiq import private
+from importer.adapters.dramatiq.hooks import OwnHooksOnly
 from importer.adapters.logs import log_event
 from importer.adapters.redis.keys import Keys, LocationQueues, location_upload_prefix
 from importer.adapters.redis.records import QueueAck, text_of
@@ -299,12 +300,13 @@ class _SafeRequeueConsumer(private.RedisConsumer):
         self.broker.handover.acked_by_script(message)  # forget it; dramatiq's nack of it is then a no-op
         super().nack(message)
 
-class ImporterRedisBroker(RedisBroker):
+class ImporterRedisBroker(OwnHooksOnly, RedisBroker):
     """dramatiq's Redis broker with :class:`_SafeRequeueConsumer`, whose fetch
     brings small uploads with their messages (:class:`MessageHandover`), and
     whose every dispatch call finds its namespace from the queue's name
     (:class:`LocationQueues`: on a cluster, each location's queue is in its
-    own partition)."""
+    own partition); its middleware hooks are called only where a middleware
+    has them (:class:`OwnHooksOnly`)."""
 
     location_queues: LocationQueues
     handover: MessageHandover

@@ -39,6 +39,8 @@ import pika.exceptions
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dramatiq.errors import ConnectionClosed
 
+from importer.adapters.dramatiq.hooks import OwnHooksOnly
+
 #: Where the health probe publishes: the default exchange with a routing key
 #: no queue has, so RabbitMQ confirms the message and drops it.
 PROBE_ROUTING_KEY = "importer.health-probe"
@@ -113,7 +115,7 @@ def _disarm(armed: Any) -> None:
         pass
 
 
-class BoundedRabbitmqBroker(RabbitmqBroker):
+class BoundedRabbitmqBroker(OwnHooksOnly, RabbitmqBroker):
     """dramatiq's RabbitMQ broker with publisher confirms, whose every publish
     is confirmed or raises ``ConnectionClosed`` within ``bound_s``; and
     :meth:`sickness`, /health's probe."""
