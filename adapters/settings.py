@@ -81,6 +81,8 @@ def log_format(env: Mapping[str, str] | None = None, default: str = "json") -> s
 
 
 def log_level(env: Mapping[str, str] | None = None) -> str:
+    """IMPORTER_LOG_LEVEL, the level of Importer's own loggers. Read by
+    configure_logging as the first step of every process, not kept in ``Settings``."""
     return _one_of(env, "IMPORTER_LOG_LEVEL", LOG_LEVELS, "info")
 
 
@@ -219,8 +221,6 @@ class Settings:
     http_header_timeout_s: float = 10.0
     #: Log lines: "json" (default) or "text" (``importer dev``'s default); see log_format.
     log_format: str = "json"
-    #: The level of Importer's own log lines (debug adds each applied import's); see log_level.
-    log_level: str = "info"
     #: [ledger] PostgreSQL URL of the ledger (IMPORTER_DATABASE_URL); None: the ledger is off
     #: (``importer dev`` starts an embedded server instead).
     database_url: str | None = None
@@ -304,7 +304,6 @@ class Settings:
             http_server=env.get("IMPORTER_HTTP_SERVER") or cls.http_server,
             http_header_timeout_s=_float(env, "IMPORTER_HTTP_HEADER_TIMEOUT", cls.http_header_timeout_s),
             log_format=log_format(env),
-            log_level=log_level(env),
         )
         settings.check()
         return settings
@@ -336,7 +335,8 @@ class Settings:
             raise SettingsError("IMPORTER_HTTP_BODY_TIMEOUT must be > 0")
         if self.http_server not in ("granian", "gunicorn"):
             raise SettingsError("IMPORTER_HTTP_SERVER must be granian or gunicorn")
-        log_format({"IMPORTER_LOG_FORMAT": self.log_format}), log_level({"IMPORTER_LOG_LEVEL": self.log_level})
+        if self.log_format not in LOG_FORMATS:
+            raise SettingsError("IMPORTER_LOG_FORMAT must be json or text")
         if self.max_attempts < 1:
             raise SettingsError("max_attempts must be >= 1")
         if not 1 <= self.apply_together_max <= 64:
