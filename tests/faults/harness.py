@@ -465,6 +465,11 @@ def children_of(pid: int) -> list[int]:
     return sorted(found)
 
 
+def all_stopped(pids: list[int]) -> bool:
+    """Whether every one of ``pids`` that still lives is stopped (SIGSTOP took effect)."""
+    return all((fields := _proc_stat(pid)) is None or fields[0] in ("T", "Z", "X") for pid in pids)
+
+
 def worker_process_of(proc: Any) -> int:
     """The dramatiq worker process of an `importer worker --processes 1`: the
     child of its main process that runs the imports (Proc of tests/integration/support.py)."""

@@ -18,7 +18,10 @@ import pytest
 import redis
 
 from importer.adapters.redis.records import stream_events
-from tests.faults.harness import FAULT_ENV, Driver, check_invariants, csv_for, documented_bound, preload_scripts, script_sha
+from tests.faults.harness import (
+    FAULT_ENV, Driver, all_stopped, check_invariants, children_of, csv_for, documented_bound, preload_scripts, script_sha,
+    tcp_ports_of,
+)
 from tests.integration.support import Monitor, wait_for
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
@@ -373,44 +376,80 @@ def test_worker_sigkill_mid_drain_with_imports_fetched_together(make_redis: Any,
 # -- group commit: an HTTP process killed with a batch of POSTs in flight ----------
 
 
+def _held_pipelines(admin: Any, ports: set[int]) -> dict[int, int]:
+    """Connections from ``ports`` whose command CLIENT PAUSE holds back with more
+    commands behind it in the same round trip: port -> bytes of those commands."""
+    held = {}
+    for entry in admin.client_list():
+        port = int(str(entry.get("addr", ":0")).rsplit(":", 1)[1])
+        if port in ports and "b" in str(entry.get("flags", "")) and int(entry.get("qbuf", 0)) > 0:
+            held[port] = int(entry["qbuf"])
+    return held
+
+
 def test_http_sigkill_with_a_batch_of_posts_in_flight(make_redis: Any, make_faulty: Any) -> None:
     """POSTs from 12 driver threads into two HTTP processes, whose threads
-    share round trips for the enqueue calls that meet. Redis is SIGSTOPped,
-    so the round trips on their way wait in flight (sent, unanswered), and an
-    HTTP process is SIGKILLed; then Redis resumes and runs what the dead
-    process had sent, its POSTs' clients having lost their answers. Until one
-    such round trip carried several POSTs' calls, again with a new HTTP
-    process. The clients retry their cut POSTs with the same batchId: every
-    import is applied once, every 202 final."""
+    share one round trip for the enqueue calls that meet. The interleaving is
+    forced, and checked, not hoped for:
+
+    1. CLIENT PAUSE WRITE holds each process's round trip on its way; the
+       other busy threads queue their calls behind it;
+    2. the HTTP processes are SIGSTOPped; the server runs the held round trips
+       (UNPAUSE) and their answers wait in the stopped processes' sockets; the
+       server pauses again;
+    3. the HTTP processes resume: each reads its answers, and the calls queued
+       behind leave together in one round trip, held by the server. CLIENT
+       LIST shows it: a connection held with more commands behind the first
+       (until it does, 2 and 3 repeat);
+    4. the HTTP processes are SIGSTOPped, the server runs those round trips,
+       and the processes are SIGKILLed before they read the answers: their
+       POSTs' clients never learn that their imports were recorded.
+
+    A new HTTP process serves the rest. The clients retry their cut POSTs
+    with the same batchId: every import is applied once, every 202 final."""
     server, system = _start(make_redis, make_faulty)
     preload_scripts(server.client())
     driver = Driver(system, 1500, threads=12, seed=10).start()
     enqueue = script_sha("enqueue")
-    caught: list[int] = []
-    for _ in range(6):
-        accepted = len(driver.accepted())
-        wait_for(lambda: len(driver.accepted()) >= accepted + 30, 60, 0.01, message="POSTs answered")
-        monitor = Monitor(server.url, system.prefix)
-        try:
-            server.sigstop()
-            time.sleep(0.5)  # every HTTP thread sends its round trip, or queues behind one
-            http = next(p for p in reversed(system.procs) if p.name == "http" and p.popen.poll() is None)
-            http.kill()
-            http.popen.wait(10)
-            resumed = time.time()
-            server.sigcont()
-            time.sleep(1.0)  # Redis runs what the dead process had sent
-        finally:
-            lines = monitor.stop()
-        system.start_http(workers=2)
-        per_connection = Counter(
-            line.client for line in lines if line.time >= resumed and line.command.split()[:2] == ["EVALSHA", enqueue]
-        )
-        caught = sorted(n for n in per_connection.values() if n > 1)
-        if caught or len(driver.accepted()) > len(driver.posts) - 200:
-            break
-    assert caught, "no round trip of several POSTs was in flight when the HTTP process was killed: it tested nothing"
-    print(f"[faults] round trips in flight at the kill, run by Redis after it: {caught} POSTs each")
+    wait_for(lambda: len(driver.accepted()) >= 30, 60, 0.01, message="POSTs answered")
+    http = next(p for p in system.procs if p.name == "http")
+    pids = [http.popen.pid, *children_of(http.popen.pid)]
+    ports = set().union(*(tcp_ports_of(pid) for pid in pids))
+    admin = server.client()
+    admin.ping()  # connected now: each command below is one command, not a handshake first
+    monitor = Monitor(server.url, system.prefix)
+    held: dict[int, int] = {}
+    try:
+        admin.execute_command("CLIENT", "PAUSE", 20000, "WRITE")
+        time.sleep(0.3)  # 1
+        for _ in range(10):
+            http.signal(signal.SIGSTOP)
+            wait_for(lambda: all_stopped(pids), 5, 0.005, message="the HTTP processes stopped")
+            admin.execute_command("CLIENT", "UNPAUSE")
+            time.sleep(0.2)  # 2
+            admin.execute_command("CLIENT", "PAUSE", 20000, "WRITE")
+            http.signal(signal.SIGCONT)
+            time.sleep(0.3)  # 3
+            if held := _held_pipelines(admin, ports):
+                break
+        assert held, "no round trip of several POSTs' calls was held in 10 rounds"
+        http.signal(signal.SIGSTOP)
+        wait_for(lambda: all_stopped(pids), 5, 0.005, message="the HTTP processes stopped")
+        resumed = time.time()
+        admin.execute_command("CLIENT", "UNPAUSE")
+        time.sleep(0.5)  # 4: the server runs them
+        http.kill()
+    finally:
+        admin.execute_command("CLIENT", "UNPAUSE")
+        lines = monitor.stop()
+    system.start_http(workers=2)
+    per_connection = Counter(
+        int(line.client.rsplit(":", 1)[1]) for line in lines
+        if line.time >= resumed and line.command.split()[:2] == ["EVALSHA", enqueue]
+    )
+    caught = sorted(n for port, n in per_connection.items() if port in held and n > 1)
+    assert caught, f"the held round trips ({held}) ran no several enqueue calls: {dict(per_connection)}"
+    print(f"[faults] round trips run after their HTTP process stopped for good: {caught} POSTs each")
     fault_over = time.monotonic()
     driver.join()
     report = check_invariants(system, server.url, driver, fault_over=fault_over, bound=BOUND)
