@@ -26,7 +26,8 @@ from importer.domain.run_import import (
     Delivery, PermanentImportFailure, Settled, apply_together, run_import, run_imports,
 )
 
-from importer.adapters.dramatiq.broker import ACTOR_NAME, Handed, MessageHandover
+from importer.adapters.dramatiq.broker import ACTOR_NAME
+from importer.adapters.dramatiq.handover import Handed, MessageHandover
 
 log = logging.getLogger("importer.worker")
 

@@ -178,7 +178,7 @@ def group_entry(job_id: str, batch_id: str, upload_id: str) -> bytes:
 @dataclass(frozen=True)
 class QueueAck:
     """dramatiq's acknowledgement of one fetched message, made by start_apply.lua
-    in the step that ends the attempt (see adapters/dramatiq/broker.py, MessageHandover):
+    in the step that ends the attempt (see adapters/dramatiq/handover.py, MessageHandover):
     the keys dramatiq's Redis broker keeps it under, and what to call once done."""
 
     acks_key: str

@@ -1,6 +1,6 @@
 """Group commit on the worker, the pure part and the handover: which deliveries
 share one call (domain/run_import.py apply_together), and how the other
-messages' actors get their outcome (adapters/dramatiq/broker.py MessageHandover).
+messages' actors get their outcome (adapters/dramatiq/handover.py MessageHandover).
 The end-to-end test on a real worker is tests/integration/test_apply_together.py."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import dramatiq
 import pytest
 
-from importer.adapters.dramatiq.broker import Handed, MessageHandover
+from importer.adapters.dramatiq.handover import Handed, MessageHandover
 from importer.adapters.dramatiq.runner import ImportRunner
 from importer.adapters.settings import Settings
 from importer.adapters.redis.keys import LocationQueues
