@@ -99,13 +99,14 @@ def build_broker(
             one_step,
             # On one node main's queue holds every location's messages: its fetch brings their uploads too.
             other_locations=() if settings.redis_cluster else location_upload_prefix(settings.key_prefix),
-            together=settings.apply_together_max, wait_s=settings.redis_socket_timeout_s,
+            together=settings.apply_together_max,
         ),
     )
 
 class _SafeRequeueConsumer(private.RedisConsumer):
-    """dramatiq's Redis consumer, whose requeue never raises, and which skips
-    the ack of a message that the import's own script acknowledged.
+    """dramatiq's Redis consumer, whose requeue never raises, which skips the
+    ack of a message that the import's own script acknowledged, and which
+    leaves riders to their leaders (:class:`MessageHandover`).
 
     When a fetch fails for anything but a ConnectionError (a timeout, a full
     Redis), dramatiq's consumer thread closes the consumer, which requeues its
@@ -115,6 +116,27 @@ class _SafeRequeueConsumer(private.RedisConsumer):
     and the messages stay in this worker's acks set, where the reconciler
     covers them (deadlines; stranded acks of finished jobs dropped).
     """
+
+    def __next__(self) -> Any:
+        handover: MessageHandover = self.broker.handover
+        returned = handover.returned(self.queue_name)
+        if returned is not None:
+            return returned
+        if self.message_cache and not handover.room_to_yield(self.queue_name):
+            return None  # dramatiq's consumer thread calls again (and sees a stop meanwhile)
+        while True:
+            message = super().__next__()
+            if message is None or handover.to_yield(message, self):
+                return message
+
+    def close(self) -> None:
+        """Requeue what waits in this consumer's cache (with riders' leaders
+        holding some back, more than dramatiq's eager consumer ever leaves there)."""
+        waiting = self.broker.handover.cached(self.queue_name, self.message_cache)
+        self.message_cache = []
+        if waiting:
+            self.requeue([m if isinstance(m, dramatiq.MessageProxy) else dramatiq.Message.decode(m) for m in waiting])
+        super().close()
 
     def requeue(self, messages: Any) -> None:
         messages = list(messages)
@@ -134,6 +156,17 @@ class _SafeRequeueConsumer(private.RedisConsumer):
         self.broker.handover.acked_by_script(message)  # forget it; dramatiq's nack of it is then a no-op
         super().nack(message)
 
+class _RoomForEveryThread(Middleware):
+    """Sets the handover's ``ahead`` to at least the worker's thread count once
+    the worker boots (dramatiq builds the broker before it knows it)."""
+
+    def __init__(self, handover: MessageHandover) -> None:
+        self.handover = handover
+
+    def after_worker_boot(self, broker: Any, worker: Any) -> None:
+        self.handover.ahead = max(self.handover.ahead, int(getattr(worker, "worker_threads", 0)))
+
+
 class ImporterRedisBroker(OwnHooksOnly, RedisBroker):
     """dramatiq's Redis broker with :class:`_SafeRequeueConsumer`, whose fetch
     brings small uploads with their messages (:class:`MessageHandover`), and
@@ -151,6 +184,7 @@ class ImporterRedisBroker(OwnHooksOnly, RedisBroker):
         handover.worker_id = self.broker_id
         self.handover = handover
         self.location_queues = location_queues
+        self.add_middleware(_RoomForEveryThread(handover))
         self._fetch = self.client.register_script(fetch_source(private.dispatch_script()))
 
     @property

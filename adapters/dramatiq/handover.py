@@ -1,5 +1,5 @@
 """The handover between dramatiq's Redis consumer and the import actor: the
-small uploads that came with fetched messages, the companions a delivery takes
+small uploads that came with fetched messages, the riders a delivery takes
 into its one-step call, and the messages the import's own script
 acknowledged (:class:`MessageHandover`; the consumer is broker.py's
 ``_SafeRequeueConsumer``)."""
@@ -29,7 +29,7 @@ class Handed(NamedTuple):
     settled: Any = None
 
 
-class Companion(NamedTuple):
+class Rider(NamedTuple):
     """A fetched message whose import a delivery takes into its own one-step call."""
 
     redis_message_id: str
@@ -38,16 +38,17 @@ class Companion(NamedTuple):
     ack: QueueAck
 
 
-class _Claim:
-    """A message taken into another delivery's call: its actor waits for the
-    outcome (``settled``), or runs on its own once the claim is released empty."""
+class _RiderState:
+    """A fetched message taken into another delivery's call before any consumer
+    yielded it to dramatiq (a rider): the leader finishes it, or gives it back."""
 
-    __slots__ = ("kept", "done", "settled")
+    __slots__ = ("kept", "consumer", "proxy", "finished")
 
     def __init__(self, kept: tuple[bytes, str, bytes, str]) -> None:
         self.kept = kept
-        self.done = threading.Event()
-        self.settled: Any = None
+        self.consumer: Any = None  # the consumer that met it in its cache meanwhile, and skipped it
+        self.proxy: Any = None
+        self.finished = False
 
 
 class MessageHandover:
@@ -58,18 +59,24 @@ class MessageHandover:
       message's ``redis_message_id`` until the actor takes it. The actor then
       parses and validates it first and runs the attempt as one script
       (start_apply.lua), which also acknowledges the message.
-    * Together (group commit): an actor that takes its upload may also take
-      up to ``together - 1`` other fetched messages of the same queue and
-      location whose actors have not started (``claim_together``, the last
-      fetched first: the furthest from a worker thread), and run all their
-      attempts in its one call. Each of those actors then reports the
-      outcome its import got (``Handed.settled``); one that starts while the
-      call is on its way waits for it, at most ``wait_s``, then runs on its
-      own (harmless: the done marker and the fencing token decide).
+    * Riders (group commit): an actor that takes its upload may also take up
+      to ``together - 1`` other fetched messages of the same queue and
+      location that no consumer has yielded to dramatiq yet
+      (``claim_together``, the last fetched first), and run all their
+      attempts in its one call. A rider whose message that call acknowledged
+      is finished by the leader (``finish``): it never goes through
+      dramatiq's consumer, worker thread and middleware. Any other rider (its
+      import needs its own delivery, or the call failed) is given back
+      (``give_back``): the consumer yields it, and its actor reports the
+      outcome the call gave it (``Handed.settled``) or runs on its own.
+    * So that riders exist, a consumer of an import queue yields a small
+      import's message only while fewer than ``ahead`` such messages wait in
+      dramatiq's work queue (``room_to_yield``): the rest wait in the
+      consumer's cache, where a leader can take them.
     * Acknowledged by the script: those messages' ids, so that the consumer
       skips dramatiq's own ack (one round trip and one script call fewer per import).
 
-    Shared by the consumer thread and the worker threads of one process.
+    Shared by the consumer threads and the worker threads of one process.
     """
 
     #: A bound on uploads kept for messages no actor took (a consumer closed
@@ -77,19 +84,26 @@ class MessageHandover:
     MAX_KEPT = 10_000
 
     def __init__(
-        self, max_bytes: int, other_locations: tuple[str, ...] = (), *, together: int = 1, wait_s: float = 10.0,
+        self, max_bytes: int, other_locations: tuple[str, ...] = (), *, together: int = 1, ahead: int = 8,
     ) -> None:
         self.max_bytes = max_bytes
         #: The two halves of another location's upload prefix around its name, () = the queue's location's jobs only (fetch.lua).
         self.other_locations = other_locations
         self.together = together
-        self.wait_s = wait_s
+        self.ahead = ahead
         self.location_queues: LocationQueues | None = None
         self.worker_id = ""
         self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)
         # redis_message_id -> (upload, the queue it was fetched from, the raw message, its jobId)
         self._uploads: dict[str, tuple[bytes, str, bytes, str]] = {}
-        self._claims: dict[str, _Claim] = {}
+        # Small imports' messages yielded to dramatiq whose actor has not taken them yet.
+        self._yielded: set[str] = set()
+        self._riders: dict[str, _RiderState] = {}
+        # Riders given back: what their actor takes (its upload, and the outcome the call gave it, or None).
+        self._given: dict[str, tuple[tuple[bytes, str, bytes, str], Any]] = {}
+        # Given back after their consumer had met them in its cache: yielded from here, by queue.
+        self._returned: dict[str, list[Any]] = {}
         self._acked: set[str] = set()
 
     def keep(self, queue_name: str, messages: list[Any], fetched: list[list[Any]]) -> None:
@@ -102,10 +116,14 @@ class MessageHandover:
                 self._uploads[text_of(rid)] = (upload, queue_name, messages[int(position) - 1], text_of(job_id))
 
     def drop(self, redis_message_ids: list[str]) -> None:
+        """Messages given back to the queue (requeued): forget them."""
         with self._lock:
             for rid in redis_message_ids:
                 self._uploads.pop(rid, None)
+                self._given.pop(rid, None)
                 self._acked.discard(rid)
+                self._yielded.discard(rid)
+            self._room.notify_all()
 
     def _ack(self, rid: str, queue: str) -> QueueAck:
         assert self.location_queues is not None
@@ -116,31 +134,89 @@ class MessageHandover:
             redis_message_id=rid, worker_id=self.worker_id, acknowledged=lambda: self._acked.add(rid),
         )
 
+    # -- the consumer's side ------------------------------------------------
+
+    def room_to_yield(self, queue_name: str, wait_s: float = 0.005) -> bool:
+        """Whether a consumer of ``queue_name`` may yield its next message now;
+        when not, waits up to ``wait_s`` for an actor to take one."""
+        if self.together <= 1 or self.location_queues is None or not self.location_queues.is_import_queue(queue_name):
+            return True
+        with self._room:
+            if len(self._yielded) < self.ahead:
+                return True
+            self._room.wait(wait_s)
+            return len(self._yielded) < self.ahead
+
+    def returned(self, queue_name: str) -> Any:
+        """A message given back after its consumer had skipped it, to yield now, or None."""
+        with self._lock:
+            waiting = self._returned.get(queue_name)
+            if not waiting:
+                return None
+            proxy = waiting.pop(0)
+            self._yielded.add(proxy.options.get("redis_message_id"))
+            return proxy
+
+    def to_yield(self, message: Any, consumer: Any) -> bool:
+        """Whether the consumer yields ``message`` (just taken from its cache) to
+        dramatiq: not a rider's. A finished rider's is forgotten at once; one
+        still in its leader's call is remembered, for the leader to give back."""
+        rid = message.options.get("redis_message_id")
+        with self._lock:
+            rider = self._riders.get(rid)
+            if rider is None:
+                if rid in self._uploads or rid in self._given:
+                    self._yielded.add(rid)
+                return True
+            if rider.finished:
+                del self._riders[rid]
+                consumer.queued_message_ids.discard(message.message_id)
+            else:
+                rider.consumer, rider.proxy = consumer, message
+            return False
+
+    def cached(self, queue_name: str, cache: list[Any]) -> list[Any]:
+        """What a closing consumer requeues: the raw messages of its cache that
+        are not riders', and the messages given back to it. A rider still in
+        its leader's call is kept as met, so that if it is given back the
+        queue's next consumer yields it; a finished one is forgotten."""
+        with self._lock:
+            riders = {state.kept[2]: rid for rid, state in self._riders.items()}
+            waiting = []
+            for raw in cache:
+                rid = riders.get(raw)
+                if rid is None:
+                    waiting.append(raw)
+                elif self._riders[rid].finished:
+                    del self._riders[rid]
+                else:
+                    self._riders[rid].proxy = dramatiq.MessageProxy(dramatiq.Message.decode(raw))
+            return [*waiting, *self._returned.pop(queue_name, [])]
+
+    # -- the actors' side ---------------------------------------------------
+
     def take(self, message: Any) -> Handed | None:
         """The upload that came with this message and the ack the script makes, or None."""
         rid = message.options.get("redis_message_id") if message is not None else None
         if not rid or self.location_queues is None:
             return None
         with self._lock:
+            self._yielded.discard(rid)
+            self._room.notify()
             kept = self._uploads.pop(rid, None)
-            claim = self._claims.get(rid) if kept is None else None
-        if claim is not None:
-            # In another delivery's call: its outcome, or (released empty, or too late) this actor's own attempt.
-            claim.done.wait(self.wait_s)
-            with self._lock:
-                self._claims.pop(rid, None)
-            kept = claim.kept
-            upload, queue, _raw, job_id = kept
-            return Handed(upload, self._ack(rid, queue), queue, job_id, claim.settled)
+            given = self._given.pop(rid, None) if kept is None else None
+        if given is not None:
+            (upload, queue, _raw, job_id), settled = given
+            return Handed(upload, self._ack(rid, queue), queue, job_id, settled)
         if kept is None:
             return None
         upload, queue, _raw, job_id = kept
         return Handed(upload, self._ack(rid, queue), queue, job_id)
 
-    def claim_together(self, handed: Handed) -> list[Companion]:
+    def claim_together(self, handed: Handed) -> list[Rider]:
         """Up to ``together - 1`` fetched messages of the same queue and location
-        as ``handed``'s whose actors have not started, for one call with it; each
-        must then be settled or released (:meth:`settle`)."""
+        as ``handed``'s that no consumer has yielded yet, as riders of one call
+        with it; each must then be finished or given back."""
         if self.together <= 1:
             return []
         location = location_of_job(handed.job_id)
@@ -148,35 +224,61 @@ class MessageHandover:
         with self._lock:
             for rid in reversed(self._uploads):
                 kept = self._uploads[rid]
-                if kept[1] == handed.queue and kept[3] != handed.job_id and location_of_job(kept[3]) == location:
+                if (rid not in self._yielded and kept[1] == handed.queue and kept[3] != handed.job_id
+                        and location_of_job(kept[3]) == location):
                     taken.append((rid, kept))
                     if len(taken) == self.together - 1:
                         break
             for rid, kept in taken:
                 del self._uploads[rid]
-                self._claims[rid] = _Claim(kept)
-        companions = []
+                self._riders[rid] = _RiderState(kept)
+        found = []
         for rid, (upload, queue, raw, _job_id) in taken:
             try:
                 body = dramatiq.Message.decode(raw).args[0]
             except Exception:  # not a message this actor can read: its own actor deals with it
-                self.settle(rid, None)
+                self.give_back(rid, None)
                 continue
-            companions.append(Companion(rid, body, upload, self._ack(rid, queue)))
-        return companions
+            found.append(Rider(rid, body, upload, self._ack(rid, queue)))
+        return found
 
-    def settle(self, redis_message_id: str, settled: Any) -> None:
-        """The outcome of a claimed message's import (None: its actor runs on its own)."""
+    def acknowledged(self, redis_message_id: str) -> bool:
+        """Whether the leader's call acknowledged this rider's message."""
         with self._lock:
-            claim = self._claims.get(redis_message_id)
-        if claim is None:
-            return
-        claim.settled = settled
-        claim.done.set()
+            return redis_message_id in self._acked
+
+    def finish(self, redis_message_id: str) -> None:
+        """A rider whose message the leader's call acknowledged, reported by the
+        leader: done, without dramatiq."""
+        with self._lock:
+            self._acked.discard(redis_message_id)
+            rider = self._riders.get(redis_message_id)
+            if rider is None:
+                return
+            if rider.proxy is not None:
+                if rider.consumer is not None:
+                    rider.consumer.queued_message_ids.discard(rider.proxy.message_id)
+                del self._riders[redis_message_id]
+            else:
+                rider.finished = True  # its consumer forgets it when it meets it
+
+    def give_back(self, redis_message_id: str, settled: Any) -> None:
+        """A rider that needs its own delivery: its actor gets the outcome the
+        leader's call gave it (``settled``), or runs on its own (None)."""
+        with self._lock:
+            rider = self._riders.pop(redis_message_id, None)
+            if rider is None:
+                return
+            self._given[redis_message_id] = (rider.kept, settled)
+            if rider.proxy is not None:
+                self._returned.setdefault(rider.kept[1], []).append(rider.proxy)
 
     def acked_by_script(self, message: Any) -> bool:
         rid = message.options.get("redis_message_id")
-        if rid in self._acked:
-            self._acked.discard(rid)
-            return True
+        with self._lock:
+            self._yielded.discard(rid)
+            self._room.notify()
+            if rid in self._acked:
+                self._acked.discard(rid)
+                return True
         return False

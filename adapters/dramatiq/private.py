@@ -10,7 +10,11 @@ changed: run it first.
   it where the consumer's ``ack`` would, and the reconciler reads the acks
   sets of every worker.
 * ``_RedisConsumer``: the consumer ``RedisBroker.consume`` builds; Importer's
-  consumer subclasses it (consumer_class).
+  consumer subclasses it (consumer_class), and reads and changes its state:
+  ``message_cache`` (the fetched raw messages not yielded yet: leaders take
+  riders from there, and a closing consumer requeues them) and
+  ``queued_message_ids`` (the yielded ones' ids until their ack).
+* dramatiq's ``Worker.worker_threads`` (read once the worker boots).
 * ``RedisBroker._dispatch``, ``_should_do_maintenance`` and
   ``_max_unpack_size``, and the broker's script text (``_scripts``): the fetch
   brings small uploads with their messages by running dramatiq's own dispatch

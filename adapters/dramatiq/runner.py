@@ -27,7 +27,7 @@ from importer.domain.run_import import (
 )
 
 from importer.adapters.dramatiq.broker import ACTOR_NAME
-from importer.adapters.dramatiq.handover import Handed, MessageHandover
+from importer.adapters.dramatiq.handover import Handed, MessageHandover, Rider
 
 log = logging.getLogger("importer.worker")
 
@@ -139,27 +139,47 @@ class ImportRunner:
             return run()
         if handed.settled is not None:
             return run(settled=handed.settled)
-        companions = handover.claim_together(handed) if handover is not None else []
-        if not companions:
+        riders = handover.claim_together(handed) if handover is not None else []
+        if not riders:
             return run(upload=handed.upload, ack=handed.ack)
         assert handover is not None
-        # This delivery's call takes the companions' imports too (apply_together): one
-        # atomic step, each with its own outcome, which each companion's actor reports.
-        shared = [self._shared(body, handed.upload, handed.ack), *(self._shared(c.body, c.upload, c.ack) for c in companions)]
+        # This delivery's call takes the riders' imports too (apply_together): one
+        # atomic step, each with its own outcome.
+        shared = [self._shared(body, handed.upload, handed.ack), *(self._shared(r.body, r.upload, r.ack) for r in riders)]
         settled: list[Settled | None] = [None] * len(shared)
+        reported: set[str] = set()
         try:
             present = [i for i, d in enumerate(shared) if d is not None]
             deliveries = [d for d in shared if d is not None]
             for i, outcome in zip(present, apply_together(self.store, deliveries, max_rows=self.settings.max_rows)):
                 settled[i] = outcome
+            for rider, delivery, outcome in zip(riders, shared[1:], settled[1:]):
+                if self._report_rider(handover, rider, delivery, outcome):
+                    reported.add(rider.redis_message_id)
         finally:
-            # Each companion's actor reports its outcome, or runs on its own (this call failed, or it was left out).
-            for companion, outcome in zip(companions, settled[1:]):
-                handover.settle(companion.redis_message_id, outcome)
+            # The others need their own delivery: their actors report the outcome, or run on their own.
+            for rider, outcome in zip(riders, settled[1:]):
+                if rider.redis_message_id not in reported:
+                    handover.give_back(rider.redis_message_id, outcome)
         own = shared[0].message if shared[0] is not None else body
         if settled[0] is not None:
             return run(own, settled=settled[0])
         return run(own, upload=handed.upload, ack=handed.ack)
+
+    def _report_rider(self, handover: MessageHandover, rider: Rider, delivery: Delivery | None, outcome: Settled | None) -> bool:
+        """Report a rider's outcome here, as its own actor would, and finish it:
+        when the call acknowledged its message and reporting it needs no store
+        call (a missing upload's failure is recorded by its own delivery)."""
+        if (delivery is None or outcome is None or outcome.outcome.kind == "upload_missing"
+                or not handover.acknowledged(rider.redis_message_id)):
+            return False
+        try:
+            run_import(self.store, delivery.message, accepted_versions=self.settings.accepted_versions,
+                       max_rows=self.settings.max_rows, log=self._log, settled=outcome)
+        except PermanentImportFailure:
+            pass  # recorded by the call: a rider is never retried either
+        handover.finish(rider.redis_message_id)
+        return True
 
     def _shared(self, body: Any, upload: bytes, ack: Any) -> Delivery | None:
         """A fetched delivery for a shared one-step call, or None when this

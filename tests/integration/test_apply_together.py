@@ -107,3 +107,32 @@ def test_a_backlog_is_applied_several_imports_per_call_each_with_its_own_outcome
     assert _events(system, job_id_for("tg-overflow"))[0][-3:] == ["active", '{"phase":"validated","rows":2}', "failed"]
     tokens = Counter(store.client.hget(store.partition_of(job_id_for(b)).job(job_id_for(b)), "token") for b in valid)
     assert len(tokens) == len(valid), "every attempt has its own fencing token"
+
+
+def test_a_worker_stopped_mid_backlog_gives_back_what_it_held_at_once(make_system: Any) -> None:
+    """A worker holds most of what it fetched back from dramatiq's threads (the
+    riders' pool). Stopped (SIGTERM) in the middle of a backlog, it leaves
+    nothing in its acks set: what its threads had not started goes back to the
+    queue at once, and the next worker runs it without waiting for the dead
+    worker's heartbeat to time out. Every import is applied once."""
+    system: System = make_system(IMPORTER_APPLY_TOGETHER_MAX="16", IMPORTER_HEARTBEAT_TIMEOUT="60", IMPORTER_RATE_LIMIT="0")
+    system.start_http()
+    count = 800
+    rows = _csv({f"HELD-{n:04d}": 1 for n in range(1000)})  # 1,000 rows: under the one-step bound, slower to apply
+    for i in range(count):
+        assert system.post_csv(f"held-{i}", rows)[0] == 202
+    client = redis.Redis.from_url(system.redis_url)
+    stats = f"{system.prefix}stats"
+    worker = system.start_worker(threads=1, prefetch=64)
+    wait_for(lambda: int(client.hget(stats, "completed") or 0) >= 20, 30, 0.001, message="the worker draining")
+    worker.terminate()  # a stop takes about a second to begin: the imports are large enough to outlast it
+    assert worker.wait_stopped(30) == 0
+    done_at_stop = int(client.hget(stats, "completed") or 0)
+    assert done_at_stop < count, "every import was applied before the stop: the scenario tested nothing"
+    acks = [k for k in client.scan_iter(match=f"{system.prefix}dramatiq:__acks__.*") if client.scard(k)]
+    assert acks == [], "a stopped worker's messages wait in its acks set for its heartbeat to time out"
+    assert stored_messages(system) == count - done_at_stop  # every other message back in the queue
+    system.start_worker(threads=2, prefetch=64)
+    wait_for(lambda: int(client.hget(stats, "completed") or 0) >= count, 20, message="the rest applied by the next worker")
+    assert system.store().generation() == count
+    assert set(system.store().stock_of([f"HELD-{n:04d}" for n in range(1000)]).values()) == {count}

@@ -28,11 +28,20 @@ def test_the_private_shapes_importer_relies_on_hold(redis_url: str) -> None:
         # Where RedisBroker.enqueue writes a message: enqueue.lua writes it there too.
         assert client.lrange(private.queue_key(namespace, queue), 0, -1) == [rid.encode()]
         assert client.hexists(private.messages_key(namespace, queue), rid)
+        second = broker.enqueue(dramatiq.Message(queue_name=queue, actor_name="a", args=(2,), kwargs={}, options={}))
         # The consumer class, and where a fetched message waits for its ack.
-        consumer = broker.consume(queue, prefetch=1, timeout=1000)
+        consumer = broker.consume(queue, prefetch=2, timeout=1000)
         assert isinstance(consumer, private.RedisConsumer)
         fetched = next(m for m in consumer if m is not None)
         assert fetched.options["redis_message_id"] == rid
+        # What the consumer holds (broker.py _SafeRequeueConsumer and MessageHandover read
+        # and change it): the fetched messages not yielded yet, raw, in its cache; the
+        # yielded ones' ids until their ack; both counted against the prefetch.
+        assert [dramatiq.Message.decode(raw).message_id for raw in consumer.message_cache] == [second.message_id]
+        assert consumer.queued_message_ids == {fetched.message_id}
+        assert consumer.outstanding_message_count == 2
+        assert next(consumer).message_id == second.message_id and consumer.message_cache == []
+        consumer.queued_message_ids.discard(second.message_id)
         assert client.sismember(private.acks_key(namespace, broker.broker_id, queue), rid)
         assert client.zscore(private.heartbeats_key(namespace), broker.broker_id) is not None
         # The private calls the fetch makes, with the shapes it passes on.
