@@ -5,8 +5,8 @@
   (adapters/redis/errors.py says what each error means); the store's scripts
   run on a connection of the calling thread's own (:meth:`ImporterRedis.run_script`),
   forgotten in a forked child.
-* :class:`SharedRoundTrips`: the calls of a request path that threads of one
-  process make at the same time share one round trip (run_script_shared).
+* run_script_shared: the calls of a request path that threads of one process
+  make at the same time share one round trip (adapters/redis/round_trips.py).
 """
 
 from __future__ import annotations
@@ -15,88 +15,16 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 import redis
 
 from importer.adapters.redis.errors import ClusterUnavailable, NotReplicated, cluster_unavailable, refusal
+from importer.adapters.redis.round_trips import SharedRoundTrips
 
 
 #: The store's client: one node, or a Redis Cluster (IMPORTER_REDIS_CLUSTER).
 RedisClient = redis.Redis | redis.RedisCluster
-
-
-class SharedRoundTrips:
-    """Group commit: calls that threads of one process make at the same time
-    share one round trip.
-
-    A caller that finds no round trip on its way leads one at once with its
-    own call (a lone call waits for nobody). Callers that arrive while one is
-    on its way queue; when it ends, the first of them to wake leads the next
-    round trip with every call queued by then. Each caller gets its own reply
-    or error. When no call of a round trip got an answer (a timeout, a lost
-    connection that a resend did not mend), the calls queued behind it fail
-    with it: a call waits at most about one socket timeout. A leader
-    interrupted by a BaseException (not an Exception) raises it; its
-    followers get a ConnectionError, which means "not known to have run"
-    (the store answers 503; a retry of the same call is safe)."""
-
-    def __init__(self) -> None:
-        self._changed = threading.Condition(threading.Lock())
-        self._queued: list[_SharedCall] = []
-        self._sending = False
-        #: Round trips led and calls they carried (for tests and the bench).
-        self.round_trips = 0
-        self.calls = 0
-
-    def call(self, request: Any, send: Callable[[list[Any]], list[Any]]) -> Any:
-        """``request``'s reply (an exception is returned, not raised): sent by
-        this thread with those queued meanwhile (``send`` gets them all, in
-        order, and returns one reply each), or by another thread's round trip."""
-        mine = _SharedCall(request)
-        with self._changed:
-            self._queued.append(mine)
-            while self._sending and not mine.done:
-                self._changed.wait()
-            if mine.done:
-                return mine.reply
-            self._sending = True
-            batch, self._queued = self._queued, []
-            self.round_trips += 1
-            self.calls += len(batch)
-        # What the followers get if a BaseException interrupts the leader (it raises that itself).
-        replies: list[Any] = [redis.ConnectionError("the round trip was interrupted")] * len(batch)
-        try:
-            replies = send([c.request for c in batch])
-        except Exception as exc:  # noqa: BLE001 - every call of the round trip gets it
-            replies = [exc] * len(batch)
-        finally:
-            with self._changed:
-                for c, reply in zip(batch, replies):
-                    c.reply, c.done = reply, True
-                if all(isinstance(r, _AWAY) for r in replies):
-                    # The store did not answer this round trip: the calls queued
-                    # behind it fail now, rather than each wait a timeout more.
-                    for c in self._queued:
-                        c.reply, c.done = redis.ConnectionError("the store did not answer the round trip ahead"), True
-                    self._queued = []
-                self._sending = False
-                self._changed.notify_all()
-        return mine.reply
-
-
-#: Errors after which a round trip's store is taken as away (timed out, or unreachable even when sent again).
-_AWAY = (redis.TimeoutError, redis.ConnectionError)
-
-
-class _SharedCall:
-    __slots__ = ("request", "reply", "done")
-
-    def __init__(self, request: Any) -> None:
-        self.request = request
-        self.reply: Any = None
-        self.done = False
 
 
 class ThreadConnections:
