@@ -216,17 +216,25 @@ def stream_id_key(stream_id: str) -> tuple[int, int]:
 def stream_events(entry_id: str, fields: dict[Any, Any]) -> list[dict[str, Any]]:
     """The events of one entry of P:events or of a job's own stream
     P:events:<jobId>, in order, each under its own id (common.lua, emit): those
-    of the entry's numbered fields (id.1, event.1, attempt.1, data.1, ...)
-    first, then its own."""
+    of the entry's numbered fields (event.1, attempt.1, data.1, ...) first,
+    then its own; an earlier event without an attempt of its own has the
+    entry's. The call gave its events consecutive ids, the entry's own
+    the last: of an entry of n events, the i-th has the entry's sequence
+    number less n - i. An entry that names them (id.1, ...: written before
+    the ids were left implicit, or under an id the server chose) is read as
+    it says."""
     f = {text_of(k): v for k, v in fields.items()}
+    earlier = 0
+    while f"event.{earlier + 1}" in f:
+        earlier += 1
+    ms, seq = stream_id_key(entry_id)
     events = []
-    i = 1
-    while f"id.{i}" in f:
-        events.append(event_dict(text_of(f[f"id.{i}"]), {
+    for i in range(1, earlier + 1):
+        named = f.get(f"id.{i}")
+        events.append(event_dict(text_of(named) if named is not None else f"{ms}-{seq - earlier - 1 + i}", {
             "event": f.get(f"event.{i}"), "jobId": f.get("jobId"), "batchId": f.get("batchId"),
-            "attempt": f.get(f"attempt.{i}"), "data": f.get(f"data.{i}"),
+            "attempt": f.get(f"attempt.{i}", f.get("attempt")), "data": f.get(f"data.{i}"),
         }))
-        i += 1
     events.append(event_dict(entry_id, f))
     return events
 

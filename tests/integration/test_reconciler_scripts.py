@@ -211,4 +211,9 @@ def test_events_are_written_when_the_streams_newest_entries_were_deleted_by_hand
     assert applied is not None and applied.kind == "applied"
     (last_id, fields), = store.client.xrevrange(store.keys.events, count=1)
     assert fields[b"event"] == b"completed" and stream_id_key(last_id.decode()) > stream_id_key(ahead)
-    assert [e["event"] for e in store.job_events(job_id, "0-0", None)][-1] == "completed"
+    # Under the server's id, the entry names its earlier events' ids: each event once, in order.
+    assert fields[b"id.1"] and fields[b"id.3"]
+    events = store.job_events(job_id, "0-0", None)
+    assert [e["event"] for e in events] == ["waiting", "active", "progress", "progress", "completed"]
+    ids = [stream_id_key(str(e["id"])) for e in events]
+    assert ids == sorted(set(ids))

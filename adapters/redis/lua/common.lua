@@ -114,10 +114,13 @@ end
 -- P:events (as XADD '*' would, from the server's clock, server_ms: ms-0, ms-1, ... or,
 -- within the newest entry's millisecond, its seq + 1, + 2, ...), and each
 -- entry is written under the id of its job's LAST event of the call. Its
--- earlier events ride in the entry as numbered fields (id.1, event.1,
--- attempt.1, data.1, ...; the last event's as event, attempt, data), so an
--- entry of one event reads as it always did; adapters/redis/records.py
--- (stream_events) gives each event back under its own id, and a reader
+-- earlier events ride in the entry as numbered fields (event.1, attempt.1,
+-- data.1, ...; the last event's as event, attempt, data), so an entry of one
+-- event reads as it always did; an earlier event's attempt is left out when it
+-- is the last event's (the common case). Their ids are implied, being consecutive: of
+-- an entry of n events, the i-th has the entry's sequence number less n - i
+-- (an entry under an id the server chose, below, names them: id.1, ...);
+-- adapters/redis/records.py (stream_events) gives each event back under its own id, and a reader
 -- resuming after an event inside an entry (SSE's Last-Event-ID, `importer
 -- events --from`) reads that entry again and skips what it saw.
 -- The job stream's write is a pcall: it must never abort the script after the others.
@@ -135,9 +138,9 @@ local function emit(events_key, job_events_key, maxlen, kind, job_id, batch_id, 
 end
 
 -- The numbered field names of the first earlier events, made once (making
--- them per entry, 'id.' .. i, costs more than the write).
-local EARLIER_EVENT_FIELDS = {'id.1', 'event.1', 'attempt.1', 'data.1', 'id.2', 'event.2', 'attempt.2', 'data.2',
-  'id.3', 'event.3', 'attempt.3', 'data.3'}
+-- them per entry, 'event.' .. i, costs more than the write).
+local EARLIER_EVENT_FIELDS = {'event.1', 'attempt.1', 'data.1', 'event.2', 'attempt.2', 'data.2',
+  'event.3', 'attempt.3', 'data.3'}
 
 -- {ms, seq} of a stream id.
 local function id_parts(id)
@@ -179,19 +182,27 @@ local function flush_events()
       end
       local ms, seq = next_id[1], next_id[2]
       args[6] = ms .. '-' .. (seq + count - 1)
-      local f = 1  -- the event's first name in EARLIER_EVENT_FIELDS (4 per event)
+      local f = 1  -- the event's first name in EARLIER_EVENT_FIELDS (3 per event)
       for at = 5, last - 3, 3 do
         local i = (at - 2) / 3
-        args[n + 1], args[n + 2] = EARLIER_EVENT_FIELDS[f] or ('id.' .. i), ms .. '-' .. (seq + i - 1)
-        args[n + 3], args[n + 4] = EARLIER_EVENT_FIELDS[f + 1] or ('event.' .. i), p[at]
-        args[n + 5], args[n + 6] = EARLIER_EVENT_FIELDS[f + 2] or ('attempt.' .. i), p[at + 1]
-        args[n + 7], args[n + 8] = EARLIER_EVENT_FIELDS[f + 3] or ('data.' .. i), p[at + 2]
-        n, f = n + 8, f + 4
+        args[n + 1], args[n + 2] = EARLIER_EVENT_FIELDS[f] or ('event.' .. i), p[at]
+        args[n + 3], args[n + 4] = EARLIER_EVENT_FIELDS[f + 2] or ('data.' .. i), p[at + 2]
+        n = n + 4
+        if p[at + 1] ~= p[last + 1] then
+          args[n + 1], args[n + 2] = EARLIER_EVENT_FIELDS[f + 1] or ('attempt.' .. i), p[at + 1]
+          n = n + 2
+        end
+        f = f + 3
       end
       next_id[2] = seq + count
       if type(redis.pcall(unpack(args, 1, n))) == 'table' then
         -- Refused (only if someone deleted the stream's newest entries by hand, its
-        -- last id is above the newest entry's): the server's own id, above it.
+        -- last id is above the newest entry's): the server's own id, above it,
+        -- and the earlier events' ids named, as they no longer precede it by one.
+        for i = 1, count - 1 do
+          args[n + 1], args[n + 2] = 'id.' .. i, ms .. '-' .. (seq + i - 1)
+          n = n + 2
+        end
         args[6] = '*'
         args[6] = redis.call(unpack(args, 1, n))
         ms, seq = id_parts(args[6])
