@@ -369,7 +369,8 @@ end
 local function intake_paused(paused_key, location)
   local memo = BATCH and BATCH.memo
   if memo and memo['paused ' .. paused_key .. ' ' .. location] ~= nil then return memo['paused ' .. paused_key .. ' ' .. location] end
-  local paused = redis.call('HEXISTS', paused_key, '*') == 1 or redis.call('HEXISTS', paused_key, location) == 1
+  local either = redis.call('HMGET', paused_key, '*', location)
+  local paused = either[1] ~= false or either[2] ~= false
   if memo then memo['paused ' .. paused_key .. ' ' .. location] = paused end
   return paused
 end
