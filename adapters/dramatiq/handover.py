@@ -6,7 +6,10 @@ acknowledged (:class:`MessageHandover`; the consumer is broker.py's
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import dramatiq
@@ -15,6 +18,8 @@ from importer.adapters.dramatiq import private
 from importer.adapters.redis.keys import LocationQueues
 from importer.adapters.redis.records import QueueAck, text_of
 from importer.domain.locations import location_of_job
+
+log = logging.getLogger("importer.worker")
 
 
 class Handed(NamedTuple):
@@ -42,13 +47,15 @@ class _RiderState:
     """A fetched message taken into another delivery's call before any consumer
     yielded it to dramatiq (a rider): the leader finishes it, or gives it back."""
 
-    __slots__ = ("kept", "consumer", "proxy", "finished")
+    __slots__ = ("kept", "consumer", "proxy", "finished", "labels", "taken_at")
 
     def __init__(self, kept: tuple[bytes, str, bytes, str]) -> None:
         self.kept = kept
         self.consumer: Any = None  # the consumer that met it in its cache meanwhile, and skipped it
         self.proxy: Any = None
         self.finished = False
+        self.labels = (kept[1], "")  # its message's queue_name and actor_name, once decoded
+        self.taken_at = time.monotonic()
 
 
 class MessageHandover:
@@ -77,6 +84,9 @@ class MessageHandover:
       skips dramatiq's own ack (one round trip and one script call fewer per import).
 
     Shared by the consumer threads and the worker threads of one process.
+    ``finished_listeners`` are told of each rider finished (its queue_name,
+    actor_name and milliseconds in its leader's call), as dramatiq's middleware
+    is of each message processed (adapters/processes/worker_metrics.py).
     """
 
     #: A bound on uploads kept for messages no actor took (a consumer closed
@@ -105,6 +115,7 @@ class MessageHandover:
         # Given back after their consumer had met them in its cache: yielded from here, by queue.
         self._returned: dict[str, list[Any]] = {}
         self._acked: set[str] = set()
+        self.finished_listeners: list[Callable[[str, str, float], None]] = []
 
     def keep(self, queue_name: str, messages: list[Any], fetched: list[list[Any]]) -> None:
         """``fetched``: fetch.lua's redis_message_ids, uploads, jobIds and positions in ``messages``."""
@@ -235,10 +246,12 @@ class MessageHandover:
         found = []
         for rid, (upload, queue, raw, _job_id) in taken:
             try:
-                body = dramatiq.Message.decode(raw).args[0]
+                message = dramatiq.Message.decode(raw)
+                body = message.args[0]
             except Exception:  # not a message this actor can read: its own actor deals with it
                 self.give_back(rid, None)
                 continue
+            self._riders[rid].labels = (message.queue_name, message.actor_name)
             found.append(Rider(rid, body, upload, self._ack(rid, queue)))
         return found
 
@@ -261,6 +274,11 @@ class MessageHandover:
                 del self._riders[redis_message_id]
             else:
                 rider.finished = True  # its consumer forgets it when it meets it
+        for listener in self.finished_listeners:
+            try:
+                listener(*rider.labels, (time.monotonic() - rider.taken_at) * 1000)
+            except Exception:  # a metric must never fail an import that is done
+                log.exception("rider listener failed", extra={"event": "worker.rider_listener_failed"})
 
     def give_back(self, redis_message_id: str, settled: Any) -> None:
         """A rider that needs its own delivery: its actor gets the outcome the

@@ -4,6 +4,7 @@ Redis checked first (``importer dev``, which starts all of them locally, is in d
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
@@ -59,15 +60,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
 
 
+def metrics_db(metrics_port: int) -> str:
+    """The folder where the worker processes keep dramatiq's Prometheus counts for the exporter."""
+    return os.path.join(tempfile.gettempdir(), f"importer-prometheus-{metrics_port}")
+
+
+def clear_metrics_db(folder: str) -> None:
+    """The counts an earlier run left (prometheus_client's files, one per process), so
+    that the exporter counts this run's messages only."""
+    for name in os.listdir(folder) if os.path.isdir(folder) else ():
+        if name.endswith(".db"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(folder, name))
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     settings = _check_redis(args, "worker")
+    env = worker_env(args, settings)
+    if "PROMETHEUS_MULTIPROC_DIR" in env:
+        clear_metrics_db(env["PROMETHEUS_MULTIPROC_DIR"])
     argv = [
         sys.executable, "-m", "dramatiq", "importer.adapters.processes.worker:broker",
         "--processes", str(args.processes), "--threads", str(args.threads),
         "--worker-shutdown-timeout", str(int(settings.worker_shutdown_timeout_s * 1000)),
         "--skip-logging", "--path", str(ROOT),
     ]
-    os.execve(sys.executable, argv, worker_env(args, settings))
+    os.execve(sys.executable, argv, env)
     return 0  # not reached
 
 
@@ -94,10 +112,17 @@ def worker_env(args: argparse.Namespace, settings: Settings, env: dict[str, str]
         # worker processes (multiprocess mode), on loopback unless told otherwise.
         overrides["dramatiq_prom_port"] = str(metrics_port)
         defaults["dramatiq_prom_host"] = "127.0.0.1"
-        defaults["dramatiq_prom_db"] = os.path.join(tempfile.gettempdir(), f"importer-prometheus-{metrics_port}")
+        defaults["dramatiq_prom_db"] = metrics_db(metrics_port)
     # dramatiq's main process supervises the worker processes; each of them
     # stops by itself if that process dies (adapters/processes/worker.py).
-    return child_env(overrides, defaults=defaults, env=env)
+    out = child_env(overrides, defaults=defaults, env=env)
+    if metrics_port:
+        # prometheus_client picks multiprocess mode when it is imported, which in a
+        # worker process is before the middleware sets this (Importer's modules import
+        # it): without it the processes kept their counts to themselves and the
+        # exporter, reading the folder, served nothing.
+        out["PROMETHEUS_MULTIPROC_DIR"] = out["dramatiq_prom_db"]
+    return out
 
 
 def cmd_events(args: argparse.Namespace) -> int:

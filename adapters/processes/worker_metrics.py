@@ -23,6 +23,22 @@ def exposition_server() -> Any:
 
 
 class WorkerPrometheus(Prometheus):
+    """dramatiq's Prometheus middleware, which also counts the import messages
+    finished as riders of another delivery's call (adapters/dramatiq/handover.py):
+    they never go through dramatiq's middleware, and each is a message processed."""
+
     @property
     def forks(self) -> list[Any]:
         return [exposition_server]
+
+    def after_process_boot(self, broker: Any) -> None:
+        super().after_process_boot(broker)  # the metrics are made here
+        handover = getattr(broker, "handover", None)
+        if handover is not None:
+            handover.finished_listeners.append(self.rider_finished)
+
+    def rider_finished(self, queue_name: str, actor_name: str, duration_ms: float) -> None:
+        """As after_process_message counts a message that raised nothing."""
+        labels = (queue_name, actor_name)
+        self.message_durations.labels(*labels).observe(duration_ms)
+        self.total_messages.labels(*labels).inc()

@@ -5,6 +5,8 @@ real worker process drains it; counted under MONITOR."""
 
 from __future__ import annotations
 
+import time
+import urllib.request
 from collections import Counter
 from typing import Any
 
@@ -15,7 +17,7 @@ from importer.adapters.redis.scripts import lua_source
 from importer.domain.receipt import decode_receipt
 from importer.domain.shipment import job_id_for
 from importer.domain.stock import MAX_STOCK
-from tests.integration.support import System, stored_messages, wait_for
+from tests.integration.support import System, free_port, stored_messages, wait_for
 from tests.integration.test_one_script_per_import import Monitor, _events, _script_calls
 
 pytestmark = pytest.mark.integration
@@ -136,3 +138,45 @@ def test_a_worker_stopped_mid_backlog_gives_back_what_it_held_at_once(make_syste
     wait_for(lambda: int(client.hget(stats, "completed") or 0) >= count, 20, message="the rest applied by the next worker")
     assert system.store().generation() == count
     assert set(system.store().stock_of([f"HELD-{n:04d}" for n in range(1000)]).values()) == {count}
+
+
+def _metric_total(text: str, name: str) -> float:
+    """The sum of one metric's samples for the import actor, in Prometheus' text format."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") and 'actor_name="import_shipment"' in line)
+
+
+def test_the_worker_metrics_count_every_import_message_riders_included(make_system: Any) -> None:
+    """dramatiq's Prometheus metrics (IMPORTER_WORKER_METRICS_PORT) count each
+    import message once, also those whose import rode in another delivery's
+    call and never went through dramatiq's middleware."""
+    system: System = make_system(IMPORTER_APPLY_TOGETHER_MAX="16", IMPORTER_RATE_LIMIT="0")
+    system.start_http()
+    batches = [f"mt-{i}" for i in range(60)]
+    for batch_id in batches:
+        assert system.post_csv(batch_id, _csv({f"MT-{batch_id}": 1, "MT-SHARED": 1}))[0] == 202
+    port = free_port()
+    system.start_worker(threads=2, prefetch=64, IMPORTER_WORKER_METRICS_PORT=str(port))
+    assert all(system.wait_state(job_id_for(b), timeout=60)["state"] == "completed" for b in batches)
+    assert system.store().stock_of(["MT-SHARED"]) == {"MT-SHARED": 60}
+
+    seen = [0.0]
+
+    def scraped() -> str | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as answer:
+                text = answer.read().decode()
+        except OSError:
+            return None
+        seen[0] = _metric_total(text, "dramatiq_messages_total")
+        return text if seen[0] >= len(batches) else None
+
+    deadline, text = time.monotonic() + 20, scraped()
+    while text is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+        text = scraped()
+    assert text is not None, f"the worker's metrics counted {seen[0]:.0f} import messages of {len(batches)}"
+    assert _metric_total(text, "dramatiq_messages_total") == len(batches)
+    assert _metric_total(text, "dramatiq_message_duration_milliseconds_count") == len(batches)
+    assert _metric_total(text, "dramatiq_message_errors_total") == 0
+    assert _metric_total(text, "dramatiq_messages_inprogress") == 0

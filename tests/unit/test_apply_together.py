@@ -165,6 +165,26 @@ def test_a_finished_rider_is_never_yielded_and_no_longer_outstanding() -> None:
     assert handover.take(fetched.messages[1]) is None and handover.take(fetched.messages[2]) is None
 
 
+def test_each_finished_rider_is_told_to_the_listeners_as_a_message_processed() -> None:
+    handover = _handover(together=3)
+    fetched = Fetched(handover, [_body("b-0", 0), _body("b-1", 1), _body("b-2", 2)])
+    told: list[tuple[str, str, float]] = []
+
+    def failing(*_: object) -> None:
+        raise RuntimeError("a listener that fails")
+
+    handover.finished_listeners += [failing, lambda queue, actor, ms: told.append((queue, actor, ms))]
+    handed = handover.take(fetched.messages[0])
+    assert handed is not None
+    two, one = handover.claim_together(handed)
+    two.ack.acknowledged()
+    handover.finish(two.redis_message_id)  # the failing listener fails nothing
+    handover.give_back(one.redis_message_id, None)  # not finished here: its own actor is counted by dramatiq
+    assert [(queue, actor) for queue, actor, _ in told] == [(QUEUE, "import_shipment")]
+    assert 0 <= told[0][2] < 10_000
+    assert handover.take(fetched.messages[2]) is None  # finished all the same
+
+
 def test_a_rider_given_back_after_its_consumer_skipped_it_is_yielded_again() -> None:
     handover = _handover(together=2)
     fetched = Fetched(handover, [_body("b-0", 0), _body("b-1", 1)])

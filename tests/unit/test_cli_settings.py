@@ -4,6 +4,7 @@ its children an explicit environment instead of changing its own."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
@@ -68,6 +69,25 @@ def test_importer_worker_bounds_the_idle_poll_unless_the_operator_set_it() -> No
     assert worker_env(args, settings, env={})["dramatiq_worker_timeout"] == "100"
     assert worker_env(args, settings, env={"dramatiq_worker_timeout": "250"})["dramatiq_worker_timeout"] == "250"
     assert worker_env(args, settings, env={})["dramatiq_queue_prefetch"] == "64"  # the measured default
+
+
+def test_the_worker_metrics_exporter_reads_the_folder_the_worker_processes_count_in(tmp_path: Any) -> None:
+    """prometheus_client picks multiprocess mode when imported: importer worker
+    sets its folder beforehand, the same as dramatiq's exporter reads, and clears
+    an earlier run's counts."""
+    from importer.adapters.processes.commands import clear_metrics_db, metrics_db, worker_env
+
+    args = build_parser().parse_args(["worker"])
+    settings = Settings.from_env({"IMPORTER_REDIS_URL": "redis://127.0.0.1:1/0", "IMPORTER_WORKER_METRICS_PORT": "9191"})
+    env = worker_env(args, settings, env={})
+    assert env["PROMETHEUS_MULTIPROC_DIR"] == env["dramatiq_prom_db"] == metrics_db(9191)
+    chosen = worker_env(args, settings, env={"dramatiq_prom_db": str(tmp_path)})
+    assert chosen["PROMETHEUS_MULTIPROC_DIR"] == chosen["dramatiq_prom_db"] == str(tmp_path)
+    assert "PROMETHEUS_MULTIPROC_DIR" not in worker_env(args, Settings.from_env({"IMPORTER_REDIS_URL": "redis://127.0.0.1:1/0"}), env={})
+    (tmp_path / "counter_123.db").write_bytes(b"old")
+    (tmp_path / "notes.txt").write_text("kept")
+    clear_metrics_db(str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
 def test_the_log_format_is_json_for_services_and_text_for_importer_dev_unless_set() -> None:
