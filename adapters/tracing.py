@@ -14,7 +14,8 @@ The spans of one import:
   field carry its context on;
 * ``import attempt`` (consumer, in the worker): one per delivery, the child of
   the message's context; a retry's message carries the record's, so a retried
-  import's new attempt is a new span in the same trace;
+  import's new attempt is a new span in the same trace. An import that rode in
+  another delivery's call (a rider) gets its own, linked to that delivery's;
 * ``apply`` (client): the script that applies the shipment to stock.
 """
 
@@ -86,6 +87,18 @@ def _span(tracer: trace.Tracer, name: str, kind: SpanKind, parent: str, headers:
         context = propagate.extract(headers)
     with tracer.start_as_current_span(name, context=context, kind=kind, attributes=dict(attributes or {})) as current:
         yield current
+
+
+def ended_span(name: str, kind: SpanKind, *, parent: str, start_ns: int, attributes: Mapping[str, Any]) -> None:
+    """A span from ``start_ns`` to now, the child of ``parent`` (a W3C traceparent), linked
+    to the current span: the work of an import done inside another delivery's span (a rider)."""
+    if _tracer is None:
+        return
+    context = propagate.extract({"traceparent": parent}) if parent else None
+    current = trace.get_current_span().get_span_context()
+    links = [trace.Link(current)] if current.is_valid else None
+    _tracer.start_span(name, context=context, kind=kind, attributes=dict(attributes), links=links,
+                       start_time=start_ns).end()
 
 
 def set_error(current: trace.Span | None, code: str) -> None:

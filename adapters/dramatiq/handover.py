@@ -41,6 +41,9 @@ class Rider(NamedTuple):
     body: Any
     upload: bytes
     ack: QueueAck
+    #: its dramatiq message_id and options (traceparent, retries...), for its span
+    message_id: str = ""
+    options: Any = None
 
 
 class _RiderState:
@@ -252,7 +255,7 @@ class MessageHandover:
                 self.give_back(rid, None)
                 continue
             self._riders[rid].labels = (message.queue_name, message.actor_name)
-            found.append(Rider(rid, body, upload, self._ack(rid, queue)))
+            found.append(Rider(rid, body, upload, self._ack(rid, queue), message.message_id, message.options))
         return found
 
     def acknowledged(self, redis_message_id: str) -> bool:

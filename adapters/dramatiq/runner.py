@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -148,6 +149,7 @@ class ImportRunner:
         shared = [self._shared(body, handed.upload, handed.ack), *(self._shared(r.body, r.upload, r.ack) for r in riders)]
         settled: list[Settled | None] = [None] * len(shared)
         reported: set[str] = set()
+        started_ns = time.time_ns()
         try:
             present = [i for i, d in enumerate(shared) if d is not None]
             deliveries = [d for d in shared if d is not None]
@@ -156,6 +158,7 @@ class ImportRunner:
             for rider, delivery, outcome in zip(riders, shared[1:], settled[1:]):
                 if self._report_rider(handover, rider, delivery, outcome):
                     reported.add(rider.redis_message_id)
+                    _rider_span(rider, started_ns)
         finally:
             # The others need their own delivery: their actors report the outcome, or run on their own.
             for rider, outcome in zip(riders, settled[1:]):
@@ -192,6 +195,16 @@ class ImportRunner:
     @staticmethod
     def _log(event: str, level: int = logging.INFO, **fields: Any) -> None:
         log_event(log, event, level, **fields)
+
+
+def _rider_span(rider: Rider, start_ns: int) -> None:
+    """[trace] A finished rider's ``import attempt``, as its own delivery's would be, linked to its leader's."""
+    options = rider.options or {}
+    body = rider.body if isinstance(rider.body, dict) else {}
+    tracing.ended_span("import attempt", SpanKind.CONSUMER, parent=str(options.get("traceparent", "")), start_ns=start_ns,
+                       attributes={"messaging.system": "dramatiq", "messaging.message.id": rider.message_id,
+                                   "importer.job_id": str(body.get("jobId", "")),
+                                   "importer.delivery": int(options.get("retries", 0)) + 1})
 
 
 def code_for(exc: BaseException) -> str:

@@ -45,6 +45,7 @@ class Collector:
                                 "service": service, "name": s.name, "trace": s.trace_id.hex(), "id": s.span_id.hex(),
                                 "parent": s.parent_span_id.hex(), "error": s.status.code == 2,
                                 "attributes": {a.key: a.value.string_value or a.value.int_value for a in s.attributes},
+                                "links": [link.span_id.hex() for link in s.links],
                             } for s in scope.spans)
                 body = ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200)
@@ -129,3 +130,37 @@ def test_tracing_off_exports_nothing_and_keeps_no_traceparent(make_system: Any, 
     system.wait_state("shipment-untraced", ("completed",))
     assert system.store().client.hget(system.prefix + "job:shipment-untraced", "traceparent") is None
     assert collector.spans == []
+
+
+def test_an_import_that_rode_in_another_deliverys_call_has_its_own_attempt_in_its_own_trace(
+    make_system: Any, collector: Collector,
+) -> None:
+    """A backlog drained several imports per call: each import's trace still goes
+    from its POST to an attempt of its own; a rider's attempt links to the
+    attempt of the delivery whose call applied it."""
+    system: System = make_system(OTEL_TRACES_EXPORTER="otlp", OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint,
+                                 OTEL_BSP_SCHEDULE_DELAY="100", IMPORTER_APPLY_TOGETHER_MAX="16", IMPORTER_RATE_LIMIT="0")
+    system.start_http()
+    traces = {f"rd-{i}": f"{i + 1:032x}" for i in range(24)}
+    for batch_id, trace in traces.items():
+        status, _, body = system.request("POST", f"/api/imports?batchId={batch_id}", body=SEED, ctype="text/csv",
+                                         headers={"traceparent": f"00-{trace}-{CLIENT_SPAN}-01"})
+        assert status == 202, body
+    system.start_worker(threads=2, prefetch=64)
+    assert all(system.wait_state(f"shipment-{b}")["state"] == "completed" for b in traces)
+
+    def attempts() -> dict[str, dict[str, Any]] | None:
+        found = {b: collector.named("import attempt", t) for b, t in traces.items()}
+        return {b: a[0] for b, a in found.items()} if all(len(a) == 1 for a in found.values()) else None
+
+    attempt = wait_for(attempts, 15, message="one attempt span in each import's trace")
+    enqueues = {b: wait_for(lambda t=t: collector.named("enqueue.lua", t), 15, message="enqueue spans")[0] for b, t in traces.items()}
+    assert all(attempt[b]["parent"] == enqueues[b]["id"] for b in traces)
+    assert all(attempt[b]["attributes"]["importer.job_id"] == f"shipment-{b}" for b in traces)
+    riders = [b for b in traces if attempt[b]["links"]]
+    leaders = {s["id"] for s in attempt.values() if not s["links"]}
+    assert riders, "no import rode in another delivery's call"
+    # Each rider's link names the attempt of a leader, in that leader's own trace; only leaders ran a script call.
+    assert all(attempt[b]["links"][0] in leaders for b in riders)
+    applied = {b: collector.named("start_apply.lua", t) for b, t in traces.items()}
+    assert all(not applied[b] for b in riders) and all(len(applied[b]) == 1 for b in traces if b not in riders)
