@@ -80,13 +80,22 @@ def start(sharing: SharedRoundTrips, send: Any, request: str, out: dict[str, Any
     return t
 
 
+def behind_a_held_round_trip(sharing: SharedRoundTrips, held: HeldSend, out: dict[str, Any],
+                             followers: tuple[str, ...], send: Any = None) -> list[threading.Thread]:
+    """Call "a", which leads a round trip at once (held), then ``followers``, which
+    queue behind it; ``send`` (``held`` itself by default) sends the round trips."""
+    send = send or held
+    lead = start(sharing, send, "a", out)
+    until(lambda: len(held.trips) == 1, "a leads at once")
+    queued = [start(sharing, send, r, out) for r in followers]
+    until(lambda: len(sharing._queued) == len(followers), "the followers queue behind a's round trip")
+    return [lead, *queued]
+
+
 def test_each_waiting_call_is_woken_once_with_its_reply_or_to_lead_the_next_round_trip(sharing: SharedRoundTrips) -> None:
     send = HeldSend()
     out: dict[str, Any] = {}
-    lead = start(sharing, send, "a", out)
-    until(lambda: len(send.trips) == 1, "a leads at once")
-    queued = [start(sharing, send, r, out) for r in ("b", "c")]
-    until(lambda: len(sharing._queued) == 2, "b and c queue behind a's round trip")
+    threads = behind_a_held_round_trip(sharing, send, out, ("b", "c"))
     send.gates[0].set()
     until(lambda: len(send.trips) == 2, "b leads the next round trip, with c")
     late = start(sharing, send, "d", out)
@@ -94,7 +103,7 @@ def test_each_waiting_call_is_woken_once_with_its_reply_or_to_lead_the_next_roun
     send.gates[1].set()
     until(lambda: len(send.trips) == 3, "d leads the third round trip")
     send.gates[2].set()
-    for t in (lead, *queued, late):
+    for t in (*threads, late):
         t.join(10)
 
     assert send.trips == [["a"], ["b", "c"], ["d"]]
@@ -109,12 +118,9 @@ def test_each_waiting_call_is_woken_once_with_its_reply_or_to_lead_the_next_roun
 def test_calls_queued_behind_a_round_trip_the_store_did_not_answer_fail_at_once(sharing: SharedRoundTrips) -> None:
     send = HeldSend(reply=lambda calls: [redis.TimeoutError("Timeout reading from socket")] * len(calls))
     out: dict[str, Any] = {}
-    lead = start(sharing, send, "a", out)
-    until(lambda: len(send.trips) == 1, "a leads at once")
-    queued = [start(sharing, send, r, out) for r in ("b", "c")]
-    until(lambda: len(sharing._queued) == 2, "b and c queue")
+    threads = behind_a_held_round_trip(sharing, send, out, ("b", "c"))
     send.gates[0].set()
-    for t in (lead, *queued):
+    for t in threads:
         t.join(10)
 
     assert send.trips == [["a"]]  # b and c were never sent
@@ -143,14 +149,11 @@ def test_a_round_trip_that_raised_fails_only_its_own_calls(sharing: SharedRoundT
         return answer
 
     out: dict[str, Any] = {}
-    lead = start(sharing, raising_once, "a", out)
-    until(lambda: len(send.trips) == 1, "a leads at once")
-    queued = start(sharing, raising_once, "b", out)
-    until(lambda: len(sharing._queued) == 1, "b queues")
+    threads = behind_a_held_round_trip(sharing, send, out, ("b",), send=raising_once)
     send.gates[0].set()
     until(lambda: len(send.trips) == 2, "b leads the next round trip")
     send.gates[1].set()
-    for t in (lead, queued):
+    for t in threads:
         t.join(10)
 
     assert out == {"a": failing, "b": "re:b"}
