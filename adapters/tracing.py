@@ -89,16 +89,18 @@ def _span(tracer: trace.Tracer, name: str, kind: SpanKind, parent: str, headers:
         yield current
 
 
-def ended_span(name: str, kind: SpanKind, *, parent: str, start_ns: int, attributes: Mapping[str, Any]) -> None:
-    """A span from ``start_ns`` to now, the child of ``parent`` (a W3C traceparent), linked
-    to the current span: the work of an import done inside another delivery's span (a rider)."""
+def linked_span(name: str, kind: SpanKind, *, parent: str, start_ns: int,
+                attributes: Mapping[str, Any]) -> AbstractContextManager[trace.Span | None]:
+    """A span begun at ``start_ns`` (already past), the child of ``parent`` (a W3C
+    traceparent), linked to the current span, and current until it ends: the work of
+    an import done inside another delivery's span (a rider). Off: a shared no-op."""
     if _tracer is None:
-        return
+        return _OFF
     context = propagate.extract({"traceparent": parent}) if parent else None
     current = trace.get_current_span().get_span_context()
     links = [trace.Link(current)] if current.is_valid else None
-    _tracer.start_span(name, context=context, kind=kind, attributes=dict(attributes), links=links,
-                       start_time=start_ns).end()
+    return _tracer.start_as_current_span(name, context=context, kind=kind, attributes=dict(attributes), links=links,
+                                         start_time=start_ns)
 
 
 def set_error(current: trace.Span | None, code: str) -> None:

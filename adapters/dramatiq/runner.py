@@ -156,9 +156,8 @@ class ImportRunner:
             for i, outcome in zip(present, apply_together(self.store, deliveries, max_rows=self.settings.max_rows)):
                 settled[i] = outcome
             for rider, delivery, outcome in zip(riders, shared[1:], settled[1:]):
-                if self._report_rider(handover, rider, delivery, outcome):
+                if self._report_rider(handover, rider, delivery, outcome, started_ns):
                     reported.add(rider.redis_message_id)
-                    _rider_span(rider, started_ns)
         finally:
             # The others need their own delivery: their actors report the outcome, or run on their own.
             for rider, outcome in zip(riders, settled[1:]):
@@ -169,18 +168,33 @@ class ImportRunner:
             return run(own, settled=settled[0])
         return run(own, upload=handed.upload, ack=handed.ack)
 
-    def _report_rider(self, handover: MessageHandover, rider: Rider, delivery: Delivery | None, outcome: Settled | None) -> bool:
-        """Report a rider's outcome here, as its own actor would, and finish it:
-        when the call acknowledged its message and reporting it needs no store
-        call (a missing upload's failure is recorded by its own delivery)."""
+    def _report_rider(self, handover: MessageHandover, rider: Rider, delivery: Delivery | None, outcome: Settled | None,
+                      started_ns: int) -> bool:
+        """Report a rider's outcome here, as its own actor would (its log lines under
+        its own request id and trace), and finish it: when the call acknowledged its
+        message and reporting it needs no store call (a missing upload's failure is
+        recorded by its own delivery)."""
         if (delivery is None or outcome is None or outcome.outcome.kind == "upload_missing"
                 or not handover.acknowledged(rider.redis_message_id)):
             return False
+        options = rider.options or {}
+        body = rider.body if isinstance(rider.body, dict) else {}
+        request_id = options.get("requestId") if "requestId" not in body else None
+        token = request_id_var.set(str(request_id)) if request_id else None
+        # [trace] its own attempt, as its own delivery's would be, since the call began; linked to its leader's
+        attributes = {"messaging.system": "dramatiq", "messaging.message.id": rider.message_id,
+                      "importer.job_id": str(body.get("jobId", "")), "importer.delivery": int(options.get("retries", 0)) + 1}
         try:
-            run_import(self.store, delivery.message, accepted_versions=self.settings.accepted_versions,
-                       max_rows=self.settings.max_rows, log=self._log, settled=outcome)
-        except PermanentImportFailure:
-            pass  # recorded by the call: a rider is never retried either
+            with tracing.linked_span("import attempt", SpanKind.CONSUMER, parent=str(options.get("traceparent", "")),
+                                     start_ns=started_ns, attributes=attributes):
+                try:
+                    run_import(self.store, delivery.message, accepted_versions=self.settings.accepted_versions,
+                               max_rows=self.settings.max_rows, log=self._log, settled=outcome)
+                except PermanentImportFailure:
+                    pass  # recorded by the call: a rider is never retried either
+        finally:
+            if token is not None:
+                request_id_var.reset(token)
         handover.finish(rider.redis_message_id)
         return True
 
@@ -195,16 +209,6 @@ class ImportRunner:
     @staticmethod
     def _log(event: str, level: int = logging.INFO, **fields: Any) -> None:
         log_event(log, event, level, **fields)
-
-
-def _rider_span(rider: Rider, start_ns: int) -> None:
-    """[trace] A finished rider's ``import attempt``, as its own delivery's would be, linked to its leader's."""
-    options = rider.options or {}
-    body = rider.body if isinstance(rider.body, dict) else {}
-    tracing.ended_span("import attempt", SpanKind.CONSUMER, parent=str(options.get("traceparent", "")), start_ns=start_ns,
-                       attributes={"messaging.system": "dramatiq", "messaging.message.id": rider.message_id,
-                                   "importer.job_id": str(body.get("jobId", "")),
-                                   "importer.delivery": int(options.get("retries", 0)) + 1})
 
 
 def code_for(exc: BaseException) -> str:

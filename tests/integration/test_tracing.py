@@ -139,7 +139,8 @@ def test_an_import_that_rode_in_another_deliverys_call_has_its_own_attempt_in_it
     from its POST to an attempt of its own; a rider's attempt links to the
     attempt of the delivery whose call applied it."""
     system: System = make_system(OTEL_TRACES_EXPORTER="otlp", OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint,
-                                 OTEL_BSP_SCHEDULE_DELAY="100", IMPORTER_APPLY_TOGETHER_MAX="16", IMPORTER_RATE_LIMIT="0")
+                                 OTEL_BSP_SCHEDULE_DELAY="100", IMPORTER_APPLY_TOGETHER_MAX="16", IMPORTER_RATE_LIMIT="0",
+                                 IMPORTER_LOG_LEVEL="debug")  # import.applied: a debug line
     system.start_http()
     traces = {f"rd-{i}": f"{i + 1:032x}" for i in range(24)}
     for batch_id, trace in traces.items():
@@ -164,3 +165,9 @@ def test_an_import_that_rode_in_another_deliverys_call_has_its_own_attempt_in_it
     assert all(attempt[b]["links"][0] in leaders for b in riders)
     applied = {b: collector.named("start_apply.lua", t) for b, t in traces.items()}
     assert all(not applied[b] for b in riders) and all(len(applied[b]) == 1 for b in traces if b not in riders)
+    # Each import's log line names its own trace and request, a rider's too.
+    lines = [json.loads(line) for p in system.procs if p.name == "worker" for line in p.log().splitlines()
+             if line.startswith("{")]
+    logged = {line["jobId"]: line for line in lines if line.get("event") == "import.applied"}
+    assert {b: logged[f"shipment-{b}"].get("traceId") for b in traces} == traces
+    assert all(logged[f"shipment-{b}"].get("requestId") for b in traces)
