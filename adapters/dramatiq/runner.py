@@ -178,12 +178,10 @@ class ImportRunner:
                 or not handover.acknowledged(rider.redis_message_id)):
             return False
         options = rider.options or {}
-        body = rider.body if isinstance(rider.body, dict) else {}
-        request_id = options.get("requestId") if "requestId" not in body else None
-        token = request_id_var.set(str(request_id)) if request_id else None
+        request_id = request_id_of(rider.body, options)
+        token = request_id_var.set(request_id) if request_id else None
         # [trace] its own attempt, as its own delivery's would be, since the call began; linked to its leader's
-        attributes = {"messaging.system": "dramatiq", "messaging.message.id": rider.message_id,
-                      "importer.job_id": str(body.get("jobId", "")), "importer.delivery": int(options.get("retries", 0)) + 1}
+        attributes = attempt_attributes(rider.message_id, rider.body, options) if tracing.on() else {}
         try:
             with tracing.linked_span("import attempt", SpanKind.CONSUMER, parent=str(options.get("traceparent", "")),
                                      start_ns=started_ns, attributes=attributes):
@@ -211,6 +209,24 @@ class ImportRunner:
         log_event(log, event, level, **fields)
 
 
+def request_id_of(body: Any, options: dict[str, Any]) -> str | None:
+    """The id of the request that sent a message, for its log lines when its body
+    does not carry it (a version 1 body has none: the message's option says it)."""
+    if isinstance(body, dict) and "requestId" in body:
+        return None
+    request_id = options.get("requestId")
+    return str(request_id) if request_id else None
+
+
+def attempt_attributes(message_id: str, body: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """[trace] The attributes of an ``import attempt`` span, a delivery's or a rider's."""
+    return {
+        "messaging.system": "dramatiq", "messaging.message.id": message_id,
+        "importer.job_id": str(body.get("jobId", "")) if isinstance(body, dict) else "",
+        "importer.delivery": int(options.get("retries", 0)) + 1,
+    }
+
+
 def code_for(exc: BaseException) -> str:
     if isinstance(exc, TimeLimitExceeded):
         return "import.time_limit"
@@ -227,9 +243,8 @@ def declare_import_actor(broker: dramatiq.Broker, runner: ImportRunner, settings
         if message is None:
             runner.run(body)
             return
-        # The id of the request that sent it (a version 1 body has none: the message's option says it).
-        request_id = message.options.get("requestId") if not (isinstance(body, dict) and "requestId" in body) else None
-        token = request_id_var.set(str(request_id)) if request_id else None
+        request_id = request_id_of(body, message.options)
+        token = request_id_var.set(request_id) if request_id else None
         try:
             attempt(body, message)
         finally:
@@ -241,13 +256,8 @@ def declare_import_actor(broker: dramatiq.Broker, runner: ImportRunner, settings
             runner.run(body, message.message_id, handover.take(message) if handover is not None else None, handover)
             return
         # [trace] one span per delivery, the child of the context its message carries
-        attributes = {
-            "messaging.system": "dramatiq", "messaging.message.id": message.message_id,
-            "importer.job_id": str(body.get("jobId", "")) if isinstance(body, dict) else "",
-            "importer.delivery": int(message.options.get("retries", 0)) + 1,
-        }
         with tracing.span("import attempt", SpanKind.CONSUMER, parent=str(message.options.get("traceparent", "")),
-                          attributes=attributes) as span:
+                          attributes=attempt_attributes(message.message_id, body, message.options)) as span:
             try:
                 runner.run(body, message.message_id, handover.take(message) if handover is not None else None, handover)
             except BaseException as exc:
