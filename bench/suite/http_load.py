@@ -127,12 +127,15 @@ def scenario_http(b: Bench) -> None:
     unshared_p99 = res.row("2. HTTP enqueue", "latency p99, beside one round trip per POST", "ms", base_label=UNSHARED)
     single_p50 = res.row("2. HTTP enqueue", f"one client alone (wrk -t1 -c1 {SINGLE_S}s): latency p50", "ms", base_label=UNSHARED)
     single_rps = res.row("2. HTTP enqueue", f"one client alone (wrk -t1 -c1 {SINGLE_S}s): req/s", "/s", base_label=UNSHARED)
+    # Where each POST's CPU goes, over the timed run: the Redis server's and the HTTP processes' (÷ wrk's requests).
+    server_cpu = res.row("2. HTTP enqueue", "Redis server CPU per POST", "µs", decimals=1, base_label=FLOOR)
+    http_cpu = res.row("2. HTTP enqueue", "HTTP process CPU per POST", "ms", decimals=3, base_label=FLOOR)
     # Importer's and the peer's figures are those of the rows above (the same lists); only the baseline differs.
     floor_rps.imp, floor_rps.peer, floor_p99.imp, floor_p99.peer = rps.imp, rps.peer, p99.imp, p99.peer
     unshared_rps.imp, unshared_rps.peer, unshared_p99.imp, unshared_p99.peer = rps.imp, rps.peer, p99.imp, p99.peer
     b.wrk = find_wrk(b)
     if not b.wrk:
-        for r in (rps, p50, p99, floor_rps, floor_p99, unshared_rps, unshared_p99, single_p50, single_rps):
+        for r in (rps, p50, p99, floor_rps, floor_p99, unshared_rps, unshared_p99, single_p50, single_rps, server_cpu, http_cpu):
             r.note = "skipped (wrk not found)"
         log(b.wrk_note)
         res.notes.append(b.wrk_note)
@@ -151,8 +154,12 @@ def scenario_http(b: Bench) -> None:
                 workers = children(served.popen.pid) or [served.popen.pid]
                 cpu0 = [cpu_seconds(w) for w in workers]
                 load = OtherLoad(lambda: [os.getpid(), b.server_pid, served.popen.pid])
+                server0 = cpu_seconds(b.server_pid)
                 fig = run_wrk(b, port, c.duration, run_id)
                 fig.update(load.stop())
+                per_post = max(fig["requests"], 1.0)
+                fig["server_cpu_us"] = (cpu_seconds(b.server_pid) - server0) * 1e6 / per_post
+                fig["http_cpu_ms"] = sum(cpu_seconds(w) - c0 for w, c0 in zip(workers, cpu0)) * 1e3 / per_post
                 alone = run_wrk(b, port, SINGLE_S, run_id + "s", threads=1, connections=1) if which in SINGLE else None
                 spent = [cpu_seconds(w) - c0 for w, c0 in zip(workers, cpu0)]
                 split = "/".join(f"{x:.1f}" for x in spent)
@@ -171,6 +178,10 @@ def scenario_http(b: Bench) -> None:
                 field = "base" if which == "unshared" else FIELD[which]
                 getattr(single_p50, field).append(alone["p50_ms"])
                 getattr(single_rps, field).append(alone["rps"])
+            if which in ("importer", "peer", "floor"):
+                field = "base" if which == "floor" else FIELD[which]
+                getattr(server_cpu, field).append(fig["server_cpu_us"])
+                getattr(http_cpu, field).append(fig["http_cpu_ms"])
             if which == "floor":
                 floor_rps.base.append(fig["rps"])
                 floor_p99.base.append(fig["p99_ms"])
@@ -186,6 +197,7 @@ def scenario_http(b: Bench) -> None:
             msg = (
                 f"{which}: {fig['rps']:,.0f} req/s, p50 {fig['p50_ms']:.2f} ms, p99 {fig['p99_ms']:.2f} ms, "
                 f"{int(fig['requests']):,} requests, non-2xx {int(fig['non2xx'])}, socket errors {int(fig['socket_errors'])}{created}; "
+                f"CPU per request: Redis {fig['server_cpu_us']:.1f} µs, HTTP processes {fig['http_cpu_ms']:.3f} ms; "
                 f"CPU s of each server process {split}; other processes on the machine {fig['other_pct']:.0f}% of a core "
                 f"(steal {fig['steal_pct']:.0f}%){single}"
             )
