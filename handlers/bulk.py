@@ -2,8 +2,14 @@
 
 The body is NDJSON (``application/x-ndjson``): one JSON object per line, each
 the body a single ``POST /api/imports`` takes (``{batchId, csv, location?}``);
-or JSON ``{"shipments": [...]}`` of the same objects (what generated clients send).
-The answer is ``200 {"results": [...]}``, one entry per line, in order, each
+or JSON ``{"shipments": [...]}`` of the same objects (what generated clients send);
+or ``multipart/form-data``, one CSV file per part (``curl -F file=@a.csv -F
+file=@b.csv``), each file's name without its extension its batchId (as
+``importer submit`` names files), ``?location=`` for all of them: each part is
+the body of a single ``text/csv`` POST. A multipart body must end with its
+closing delimiter: one cut at a part's end, even with a matching
+``Content-Length``, is refused whole.
+The answer is ``200 {"results": [...]}``, one entry per line (or part), in order, each
 ``{status, body}``: exactly the status and body a single POST of that line
 would get (``202`` and its job, the same job again, ``409 batch.conflict``,
 ``404 location.not_found``, ``429 request.rate_limited``...), with
@@ -27,20 +33,40 @@ shipment is recorded once (a line already recorded answers its job again).
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from pathlib import PurePosixPath
 from typing import Any
+
+import multipart
 
 from importer.domain.contract import every_live_worker_reads_groups
 from importer.domain.errors import DomainError
 from importer.domain.submit_import import Accepted, Upload, send_recorded, submit_imports
 from importer.handlers.answers import answer_for
-from importer.handlers.api import Api, _content_type, accepted_body, enqueue_request_of, json_of
+from importer.domain.shipment import BATCH_ID_PATTERN, is_valid_batch_id
+from importer.handlers.api import Api, _content_type, accepted_body, enqueue_request_of, json_of, request_location
 from importer.handlers.http import Request, Response, json_response
 from importer.handlers.problems import ApiError
+from importer.handlers.schemas import LOCATION_PARAMETER
 
 #: Shipments per bulk request at most.
 MAX_SHIPMENTS = 1000
 NDJSON = "application/x-ndjson"
+MULTIPART = "multipart/form-data"
+_SHIPMENTS_PER_REQUEST = f"From 1 to {MAX_SHIPMENTS} shipments per request, each {{batchId, csv, location?}}."
+
+
+@dataclass(frozen=True)
+class FilePart:
+    """One part of a multipart bulk: a CSV file and the name its client gave it."""
+
+    filename: str | None
+    csv: bytes
+
+    @property
+    def batch_id(self) -> str:
+        """The file's name without its folder and extension, as ``importer submit`` names a file's shipment."""
+        return PurePosixPath((self.filename or "").replace("\\", "/")).stem
 
 
 def enqueue_bulk(api: Api, req: Request) -> Response:
@@ -55,12 +81,12 @@ def enqueue_bulk(api: Api, req: Request) -> Response:
             raise ApiError("request.invalid", instance=req.path, extra={"fields": {"shipments": [
                 "A JSON body is {\"shipments\": [{batchId, csv, location?}, ...]} and nothing else."]}})
         shipments = listed
+    elif content_type == MULTIPART:
+        shipments = _files_of(req)
     else:
         raise ApiError("request.unsupported_media_type", instance=req.path)
     if not 1 <= len(shipments) <= MAX_SHIPMENTS:
-        raise ApiError("request.invalid", instance=req.path, extra={"fields": {"body": [
-            f"From 1 to {MAX_SHIPMENTS} shipments per request, each {{batchId, csv, location?}}."
-        ]}})
+        raise ApiError("request.invalid", instance=req.path, extra={"fields": {"body": [_SHIPMENTS_PER_REQUEST]}})
     single = replace(req, path="/api/imports")  # each line's answer is the single POST's, its instance too
     results: list[dict[str, Any] | None] = [None] * len(shipments)
     uploads: list[Upload] = []
@@ -126,16 +152,59 @@ def _failed(api: Api, req: Request, exc: BaseException) -> dict[str, Any]:
     return entry
 
 
+def _files_of(req: Request) -> list[FilePart]:
+    """The parts of a multipart/form-data body, in order; 422 request.invalid
+    for a body that is not one whole multipart stream (its closing delimiter
+    included) or that has more than MAX_SHIPMENTS parts."""
+    # (multipart 2.0.1 leaves parse_options_header and close unannotated)
+    _, options = multipart.parse_options_header(req.headers.get("content-type", ""))  # type: ignore[no-untyped-call]
+    parts: list[FilePart] = []
+    chunks: list[bytes] = []
+    filename: str | None = None
+    try:
+        parser = multipart.PushMultipartParser(
+            options.get("boundary", ""), content_length=len(req.body), max_segment_count=MAX_SHIPMENTS, strict=True,
+        )
+        for event in parser.parse(req.body):
+            if isinstance(event, multipart.MultipartSegment):
+                filename, chunks = event.filename, []
+            elif event is None:
+                parts.append(FilePart(filename, b"".join(chunks)))
+            else:
+                chunks.append(bytes(event))
+        parser.close()  # type: ignore[no-untyped-call]  # raises unless the closing delimiter was read
+    except multipart.ParserLimitReached:
+        raise ApiError("request.invalid", instance=req.path, extra={"fields": {"body": [_SHIPMENTS_PER_REQUEST]}}) from None
+    except multipart.MultipartError as exc:
+        raise ApiError("request.invalid", instance=req.path, extra={"fields": {"body": [
+            f"Not one whole multipart/form-data body, each part a CSV file ({exc})."]}}) from None
+    return parts
+
+
 def _upload_of(api: Api, req: Request, shipment: Any) -> Upload:
-    """One shipment (an NDJSON line, or an item of the JSON list), checked as a single POST of it is
-    before anything is recorded; raises the problem that POST would answer."""
-    data = json_of(req, shipment) if isinstance(shipment, bytes) else shipment
-    batch_id, csv, location = enqueue_request_of(api, req, data)
+    """One shipment (an NDJSON line, an item of the JSON list, or a multipart file), checked as a
+    single POST of it is before anything is recorded; raises the problem that POST would answer."""
+    if isinstance(shipment, FilePart):
+        batch_id, csv, location = _file_shipment(api, req, shipment)
+    else:
+        batch_id, csv, location = enqueue_request_of(api, req, json_of(req, shipment) if isinstance(shipment, bytes) else shipment)
     if req.principal is not None:
         req.principal.require(location)  # 404 location.not_found, before anything is recorded
     if len(csv) > api.max_upload_bytes:
         raise ApiError("request.too_large", instance=req.path)
     return Upload(batch_id, csv, api.uuidgen(), location, send_later=len(csv) <= api.group_max_bytes)
+
+
+def _file_shipment(api: Api, req: Request, part: FilePart) -> tuple[str, bytes, str]:
+    """(batchId, CSV bytes, location) of a multipart file: a single text/csv POST of it with
+    ?batchId= its file name without the extension, and the bulk's own ?location=."""
+    if not part.filename:
+        raise ApiError("request.invalid", instance=req.path, extra={"fields": {"filename": [
+            "Each part is one CSV file with a file name: the name without its extension is its batchId."]}})
+    if not is_valid_batch_id(part.batch_id):
+        raise ApiError("request.invalid", instance=req.path, extra={"fields": {"batchId": [
+            f"A file's name without its extension is its batchId, and must match {BATCH_ID_PATTERN}."]}})
+    return part.batch_id, part.csv, request_location(api, req)
 
 
 ROUTE_SPEC: dict[str, Any] = dict(method="POST", template="/api/imports/bulk", handler=enqueue_bulk, operation={
@@ -144,6 +213,9 @@ ROUTE_SPEC: dict[str, Any] = dict(method="POST", template="/api/imports/bulk", h
     "description": (
         "NDJSON: one JSON object per line, each the body POST /api/imports takes ({batchId, csv, location?}), "
         "or JSON {\"shipments\": [...]} of the same objects; "
+        "or multipart/form-data, one CSV file per part, each file's name without its extension its batchId, "
+        "?location= for every file (a part is the body of a single text/csv POST; the body must end with its closing "
+        "delimiter); "
         f"from 1 to {MAX_SHIPMENTS} lines, the whole body within the upload byte limit. The answer gives each line, "
         "in order, the status and body a single POST of it would get (202 with its job, or the problem), with "
         "retryAfter when that answer has one. Every rule of the single POST holds per shipment (rate limit: one "
@@ -156,7 +228,13 @@ ROUTE_SPEC: dict[str, Any] = dict(method="POST", template="/api/imports/bulk", h
     }, "example": (
         '{"batchId": "acme-001", "csv": "sku,quantity\\nWIDGET-RED-01,10\\n"}\n'
         '{"batchId": "acme-002", "csv": "sku,quantity\\nGADGET-BLU-02,5\\n", "location": "paris"}\n'
-    )}}},
+    )}, MULTIPART: {"schema": {"type": "object", "required": ["file"], "properties": {"file": {
+        "type": "array", "minItems": 1, "maxItems": MAX_SHIPMENTS, "items": {"type": "string", "format": "binary"},
+        "description": "The CSV files: each file's name without its extension is its shipment's batchId.",
+    }}}}}},
+    "parameters": [{**LOCATION_PARAMETER, "description": (
+        "The stock location of every file of a multipart/form-data body (default: the deployment's); "
+        "a JSON or NDJSON shipment names its own, and must then equal this one when both are given.")}],
     "responses": {"200": {"description": "One result per line, in order.",
                           "content": {"application/json": {"schema": "BulkResults"}}}},
 }, errors=(

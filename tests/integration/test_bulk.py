@@ -34,6 +34,16 @@ def bulk(system: System, lines: list[Any], key: str | None = None) -> tuple[int,
     return status, json.loads(body)
 
 
+def multipart_body(files: list[tuple[str | None, bytes]], boundary: str = "importer-test-boundary") -> tuple[bytes, str]:
+    """A multipart/form-data body of ``files`` ((file name or None, bytes), one part each, as `curl -F
+    file=@NAME` writes them) and its Content-Type."""
+    out = b""
+    for name, data in files:
+        disposition = 'form-data; name="file"' + (f'; filename="{name}"' if name is not None else "")
+        out += f"--{boundary}\r\nContent-Disposition: {disposition}\r\nContent-Type: text/csv\r\n\r\n".encode() + data + b"\r\n"
+    return out + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+
+
 def single(system: System, item: dict[str, Any], key: str | None = None) -> tuple[int, Any]:
     status, _, body = system.request("POST", "/api/imports", body=json.dumps(item).encode(), ctype="application/json",
                                      key=key or system.api_key)
@@ -88,6 +98,64 @@ def test_each_line_gets_what_a_single_post_would_and_nothing_applies_twice(make_
     # A key for paris only: its lines elsewhere are refused, its paris line taken.
     results = bulk(system, [line("p-1", {"P": 1}, "paris"), line("p-2", {"P": 1})], key=paris_only)[1]["results"]
     assert [(r["status"], r["body"].get("code")) for r in results] == [(202, None), (404, "location.not_found")]
+
+
+def test_a_multipart_bulk_names_each_file_s_shipment_after_the_file(make_system: Any) -> None:
+    """`curl -F file=@a.csv -F file=@b.csv .../api/imports/bulk`: each file is a
+    single text/csv POST of it, under its file name's batchId and the bulk's
+    ?location=; one bad part never blocks the others; the same body again
+    records nothing twice; a body without its closing delimiter records nothing."""
+    system: System = make_system()
+    system.start_http()
+    system.start_worker()
+    files: list[tuple[str | None, bytes]] = [
+        ("mp-1.csv", b"sku,quantity\nMP-A,1\nMP-B,2\n"),
+        ("C:\\exports\\mp-2.csv", b"sku,quantity\nMP-A,10\n"),  # a client that sends the whole path
+        ("bad id.csv", b"sku,quantity\nMP-A,100\n"),
+        (None, b"sku,quantity\nMP-A,1000\n"),                      # a form field, not a file
+        ("mp-1.csv", b"sku,quantity\nMP-A,1\nMP-B,2\n"),          # the same file twice: the same job
+        ("mp-1.csv", b"sku,quantity\nMP-A,5\n"),                   # its name, other content: a conflict
+    ]
+    body, ctype = multipart_body(files)
+    status, _, raw = system.request("POST", "/api/imports/bulk", body=body, ctype=ctype)
+    assert status == 200, raw
+    results = json.loads(raw)["results"]
+    got = [(r["status"], r["body"].get("code") or r["body"]["jobId"]) for r in results]
+    assert got == [
+        (202, "shipment-mp-1"), (202, "shipment-mp-2"), (422, "request.invalid"), (422, "request.invalid"),
+        (202, "shipment-mp-1"), (409, "batch.conflict"),
+    ]
+    assert set(results[2]["body"]["fields"]) == {"batchId"} and set(results[3]["body"]["fields"]) == {"filename"}
+    # Exactly what a single text/csv POST of the file answers.
+    status, _, single_raw = system.request("POST", "/api/imports?batchId=mp-1", body=files[5][1], ctype="text/csv")
+    assert (status, json.loads(single_raw)) == (results[5]["status"], results[5]["body"])
+    for job in ("shipment-mp-1", "shipment-mp-2"):
+        assert system.wait_state(job, ("completed",))["state"] == "completed"
+    status, _, raw = system.request("POST", "/api/imports/bulk", body=body, ctype=ctype)  # the answer was lost: again
+    assert [r["status"] for r in json.loads(raw)["results"]] == [r["status"] for r in results]
+    # ?location= names every file's location.
+    paris, ctype = multipart_body([("mp-3.csv", b"sku,quantity\nMP-A,7\n")])
+    status, _, raw = system.request("POST", "/api/imports/bulk?location=paris", body=paris, ctype=ctype)
+    assert [r["body"]["jobId"] for r in json.loads(raw)["results"]] == ["shipment-mp-3@paris"]
+    assert system.wait_state("shipment-mp-3@paris", ("completed",))["state"] == "completed"
+    store = system.store()
+    assert store.stock_of(["MP-A", "MP-B"]) == {"MP-A": 11, "MP-B": 2}
+    assert store.stock_of(["MP-A"], location="paris") == {"MP-A": 7}
+    assert store.generation() == 2  # at main: mp-1 and mp-2, each applied once
+
+    # A body cut at a part's end, its Content-Length honest: no closing delimiter, nothing recorded.
+    whole, ctype = multipart_body([("mp-cut-1.csv", b"sku,quantity\nMP-C,1\n"), ("mp-cut-2.csv", b"sku,quantity\nMP-C,2\n")])
+    cut = whole[:whole.index(b"--importer-test-boundary", 10)]
+    status, _, raw = system.request("POST", "/api/imports/bulk", body=cut, ctype=ctype)
+    assert status == 422 and set(json.loads(raw)["fields"]) == {"body"}, raw
+    assert system.get_job("shipment-mp-cut-1")[0] == 404
+    # No boundary, or more parts than a bulk takes: the whole request is refused, clearly.
+    status, _, raw = system.request("POST", "/api/imports/bulk", body=whole, ctype="multipart/form-data")
+    assert status == 422 and json.loads(raw)["code"] == "request.invalid"
+    many, ctype = multipart_body([(f"mp-many-{n}.csv", b"sku,quantity\nMP-D,1\n") for n in range(1001)])
+    status, _, raw = system.request("POST", "/api/imports/bulk", body=many, ctype=ctype)
+    assert status == 422 and "1000" in json.loads(raw)["fields"]["body"][0]
+    assert system.get_job("shipment-mp-many-0")[0] == 404
 
 
 def test_the_rate_limit_counts_each_shipment_and_the_bounds_are_clear(make_system: Any) -> None:

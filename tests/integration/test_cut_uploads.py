@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from tests.integration.support import System, wait_for
+from tests.integration.test_bulk import multipart_body
 
 pytestmark = pytest.mark.integration
 
@@ -283,33 +284,47 @@ def test_the_lambda_handler_refuses_a_body_it_cannot_prove_whole(lambda_handler:
 #: or inside a line: a body that ends at a line boundary is still cut.
 BULK_LINES = [json.dumps({"batchId": f"bulk-cut-{n}", "csv": f"sku,quantity\nCUT-{n:03d},{n + 1}\n"}).encode() + b"\n"
               for n in range(5)]
-BULK = b"".join(BULK_LINES)
-AFTER_TWO_LINES = len(BULK_LINES[0]) + len(BULK_LINES[1])
-BULK_CUTS: dict[str, tuple[str, bytes]] = {
-    "length-mid-line": (f"Content-Length: {len(BULK)}", BULK[:AFTER_TWO_LINES + 10]),
-    "length-between-lines": (f"Content-Length: {len(BULK)}", BULK[:AFTER_TWO_LINES]),
-    "chunk-between-lines": ("Transfer-Encoding: chunked", _chunk(BULK[:AFTER_TWO_LINES])),
-    "chunk-no-last-chunk": ("Transfer-Encoding: chunked", _chunk(BULK[:AFTER_TWO_LINES]) + _chunk(BULK[AFTER_TWO_LINES:])),
+#: The same 5 shipments as multipart/form-data files (`curl -F file=@bulk-cut-0.csv ...`), cut at a part's end or inside one.
+BULK_FILES = [(f"bulk-cut-{n}.csv", f"sku,quantity\nCUT-{n:03d},{n + 1}\n".encode()) for n in range(5)]
+#: kind -> (the whole body, its Content-Type, the offset after its second shipment)
+BULK_BODIES: dict[str, tuple[bytes, str, int]] = {
+    "ndjson": (b"".join(BULK_LINES), "application/x-ndjson", len(BULK_LINES[0]) + len(BULK_LINES[1])),
 }
+_MULTIPART, _MULTIPART_TYPE = multipart_body(BULK_FILES)
+BULK_BODIES["multipart"] = (_MULTIPART, _MULTIPART_TYPE, _MULTIPART.index(b"--importer-test-boundary", 10))
 
 
+def bulk_cuts(body: bytes, after_two: int) -> dict[str, tuple[str, bytes]]:
+    return {
+        "length-mid-line": (f"Content-Length: {len(body)}", body[:after_two + 10]),
+        "length-between-lines": (f"Content-Length: {len(body)}", body[:after_two]),
+        "chunk-between-lines": ("Transfer-Encoding: chunked", _chunk(body[:after_two])),
+        "chunk-no-last-chunk": ("Transfer-Encoding: chunked", _chunk(body[:after_two]) + _chunk(body[after_two:])),
+    }
+
+
+@pytest.mark.parametrize("kind", sorted(BULK_BODIES))
 @pytest.mark.parametrize("mode", ["half-close", "close"])
-def test_no_cut_bulk_records_a_shipment_and_the_whole_bulk_then_applies_once(served: System, server: str, mode: str) -> None:
+def test_no_cut_bulk_records_a_shipment_and_the_whole_bulk_then_applies_once(
+    served: System, server: str, mode: str, kind: str,
+) -> None:
     s = served
+    body, ctype, after_two = BULK_BODIES[kind]
+    cuts = bulk_cuts(body, after_two)
     answers = {}
-    for name, (framing, sent) in BULK_CUTS.items():
-        head = (f"POST /api/imports/bulk HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-ndjson\r\n"
+    for name, (framing, sent) in cuts.items():
+        head = (f"POST /api/imports/bulk HTTP/1.1\r\nHost: x\r\nContent-Type: {ctype}\r\n"
                 f"Authorization: Bearer {s.api_key}\r\n{framing}\r\n\r\n").encode()
         answers[name] = send_cut(s, head + sent, mode)
-    print(f"[cut] bulk {server} {mode}: {answers}")
+    print(f"[cut] bulk {kind} {server} {mode}: {answers}")
     if mode == "half-close":
-        assert answers == {name: expected(server, name) for name in BULK_CUTS}
+        assert answers == {name: expected(server, name) for name in cuts}
     time.sleep(1.0)  # a server still busy with a closed connection would record now
     for n in range(len(BULK_LINES)):
         assert s.request("GET", f"/api/imports/shipment-bulk-cut-{n}")[0] == 404, n
     assert s.store().generation() == 0
-    status, _, raw = s.request("POST", "/api/imports/bulk", body=BULK, ctype="application/x-ndjson",
-                               headers={"Content-Digest": digest_of(BULK)})
+    status, _, raw = s.request("POST", "/api/imports/bulk", body=body, ctype=ctype,
+                               headers={"Content-Digest": digest_of(body)})
     assert status == 200 and [r["status"] for r in json.loads(raw)["results"]] == [202] * len(BULK_LINES), raw
     for n in range(len(BULK_LINES)):
         assert s.wait_state(f"shipment-bulk-cut-{n}")["state"] == "completed"

@@ -8,6 +8,7 @@ something, the spec is what must change."""
 from __future__ import annotations
 
 import importlib
+import io
 import subprocess
 import sys
 import time
@@ -224,4 +225,20 @@ def test_the_generated_client_sends_shipments_in_bulk(system: System, importer_c
         assert answer.results[0].body["jobId"] == "shipment-gen-bulk-1"
         assert answer.results[2].body["code"] == "batch.conflict"
     for job in ("shipment-gen-bulk-1", "shipment-gen-bulk-2"):
+        assert system.wait_state(job, ("completed",))["state"] == "completed"
+
+
+def test_the_generated_client_uploads_csv_files_in_bulk(system: System, importer_client: Any) -> None:
+    """POST /api/imports/bulk's multipart/form-data form: CSV files, each named after its file, at ?location=."""
+    from importer_client.api.default import enqueue_imports_bulk  # type: ignore[import-not-found]
+    from importer_client.models import BulkResults, EnqueueImportsBulkFilesBody  # type: ignore[import-not-found]
+    from importer_client.types import File  # type: ignore[import-not-found]
+
+    files = [File(payload=io.BytesIO(SEED.encode()), file_name=f"gen-file-{n}.csv", mime_type="text/csv") for n in (1, 2)]
+    with importer_client.AuthenticatedClient(base_url=system.base_url, token=system.api_key) as client:
+        answer = enqueue_imports_bulk.sync(client=client, body=EnqueueImportsBulkFilesBody(file=files), location="paris")
+        assert isinstance(answer, BulkResults)
+        assert [(r.status, r.body["jobId"]) for r in answer.results] == [
+            (202, "shipment-gen-file-1@paris"), (202, "shipment-gen-file-2@paris")]
+    for job in ("shipment-gen-file-1@paris", "shipment-gen-file-2@paris"):
         assert system.wait_state(job, ("completed",))["state"] == "completed"
