@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import Any
 
 from opentelemetry.trace import SpanKind
@@ -23,6 +24,17 @@ from importer.domain.shipment import batch_id_of
 #: Jobs per enqueue_many.lua call at most (JobRecorder.enqueue_many): a call
 #: holds the server for about their enqueue.lua calls' time.
 JOBS_PER_CALL = 64
+
+#: enqueue_many.lua's template: enqueue.lua's first KEYS and ARGV (those of
+#: every call), of which each job gives only the holes, its own (0-based): its
+#: job, upload, done marker, rate window and event stream keys; its jobId,
+#: batchId, uploadId, clock, CSV and bytes' hash. The call sends the rest once.
+TEMPLATE_KEYS, TEMPLATE_ARGS = 14, 15
+KEY_HOLES, ARG_HOLES = (0, 1, 2, 10, 11), (0, 1, 4, 5, 6, 11)
+_own_keys, _own_args = itemgetter(*KEY_HOLES), itemgetter(*ARG_HOLES)
+_shared_keys = itemgetter(*(i for i in range(TEMPLATE_KEYS) if i not in KEY_HOLES))
+_shared_args = itemgetter(*(i for i in range(TEMPLATE_ARGS) if i not in ARG_HOLES))
+_TEMPLATE = (",".join(str(i + 1) for i in KEY_HOLES), TEMPLATE_KEYS, ",".join(str(i + 1) for i in ARG_HOLES), TEMPLATE_ARGS)
 
 
 class JobRecorder(RedisStoreBase):
@@ -60,7 +72,8 @@ class JobRecorder(RedisStoreBase):
         script call, routed by slot). At a location but main, admit.lua runs
         first for that job alone (its own round trip)."""
         outcomes: list[EnqueueOutcome | None] = [None] * len(calls)
-        runs: list[tuple[str, list[tuple[int, list[Any], list[Any], int]]]] = []
+        # location, the values its jobs share (enqueue_many.lua's template), its jobs
+        runs: list[tuple[str, tuple[Any, Any], list[tuple[int, list[Any], list[Any], int]]]] = []
         with tracing.span("enqueue.lua", SpanKind.CLIENT, attributes={"db.system.name": "redis", "importer.jobs": len(calls)}):
             grouped = self._may_group(calls)
             for position, c in enumerate(calls):
@@ -73,12 +86,13 @@ class JobRecorder(RedisStoreBase):
                     outcomes[position] = prepared
                     continue
                 location = self.partition_of(c.job_id).location
-                if not runs or runs[-1][0] != location or len(runs[-1][1]) >= JOBS_PER_CALL:
-                    runs.append((location, []))
-                runs[-1][1].append((position, prepared[0], prepared[1], now))
+                shared = (_shared_keys(prepared[0]), _shared_args(prepared[1]))
+                if not runs or runs[-1][0] != location or runs[-1][1] != shared or len(runs[-1][2]) >= JOBS_PER_CALL:
+                    runs.append((location, shared, []))
+                runs[-1][2].append((position, prepared[0], prepared[1], now))
             script_calls: list[tuple[str, list[Any], list[Any]]] = []
             parent = tracing.traceparent()
-            for _, jobs in runs:
+            for _, (shared_keys, shared_args), jobs in runs:
                 # [Redis transport] the small new jobs of the call in one group message (enqueue_many.lua)
                 group = self.groups(calls[jobs[0][0]].job_id, parent) if grouped and self.groups is not None and any(
                     calls[position].send_later for position, _, _, _ in jobs) else None
@@ -87,16 +101,20 @@ class JobRecorder(RedisStoreBase):
                 if group is not None:
                     keys += [group.queue_key, group.messages_key, self.partition_of(calls[jobs[0][0]].job_id).deadline]
                     args[1:] = [group.redis_message_id, group.head, group.tail, int(self.settings.waiting_grace_s * 1000)]
+                keys += shared_keys
+                args += [*_TEMPLATE, *shared_args]
                 for position, job_keys, job_args, _ in jobs:
                     c = calls[position]
                     entry = group_entry(c.job_id, c.batch_id, c.upload_id) if group is not None and c.send_later else ""
-                    keys += job_keys
-                    args += [len(job_keys), len(job_args), entry, *job_args]
+                    keys += _own_keys(job_keys)
+                    keys += job_keys[TEMPLATE_KEYS:]
+                    args += [len(job_keys) - TEMPLATE_KEYS, len(job_args) - TEMPLATE_ARGS, entry, *_own_args(job_args)]
+                    args += job_args[TEMPLATE_ARGS:]
                 script_calls.append(("enqueue_many", keys, args))
             with store_errors():
                 replies = self._pipelined(script_calls) if script_calls else []
             written: dict[str, Keys] = {}
-            for (location, jobs), reply in zip(runs, replies):
+            for (location, _, jobs), reply in zip(runs, replies):
                 for (position, _, _, now), job_reply in zip(jobs, reply):
                     outcomes[position] = self._enqueued(calls[position].job_id, job_reply, now, replicated=False)
                     if text_of(job_reply[0]) in ("created", "exists"):

@@ -18,6 +18,8 @@ from importer.adapters.dramatiq.broker import ACTOR_NAME, build_broker
 from importer.adapters.dramatiq.producer import ImportQueue
 from importer.adapters.redis.store import RedisStore
 from importer.domain.contract import GROUP_VERSION, decode_group, encode_message
+from importer.domain.ports import EnqueueCall
+from importer.domain.shipment import bytes_sha256, job_id_for
 from importer.domain.submit_import import Upload, submit_import, submit_imports
 from tests.integration.support import FIXTURES, System
 
@@ -145,3 +147,33 @@ def test_a_bulk_call_writes_its_group_message_as_send_group_writes_it(make_syste
         assert ours[field] == theirs[field], field
     assert set(ours["options"]) == set(theirs["options"]) == {"redis_message_id"}
     assert ours["options"]["redis_message_id"] == ours["id"]
+
+
+def test_a_bulk_call_sends_shared_values_once_and_never_lends_them_to_a_job_that_differs(make_system: object) -> None:
+    """enqueue_many.lua gets the values its jobs share once (its template) and
+    each job's own values; a job whose 'shared' values differ (here, another
+    owner: the port allows it, the HTTP bulk never sends it) starts another
+    call with its own template, so every job is recorded with its own. And the
+    jobs of one call send less than half the arguments they would whole."""
+    system: System = make_system()  # type: ignore[operator]
+    store, _, client = _producer(system)
+    calls = [EnqueueCall(job_id_for(b, "main"), b, owner, uuid.uuid4().hex, SEED, bytes_sha256(SEED),
+                         rate_token=True, send_later=True)
+             for b, owner in (("t-1", "owner-a"), ("t-2", "owner-a"), ("t-3", "owner-b"), ("t-4", "owner-a"))]
+    before = client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    assert [o.kind for o in store.enqueue_many(calls)] == ["created"] * 4
+    assert client.info("commandstats")["cmdstat_evalsha"]["calls"] - before == 3 + 1  # t-1 and t-2 together; the live workers
+    for c in calls:
+        record = store.get_job(c.job_id)
+        assert record is not None and record.owner == c.owner and record.upload_id == c.upload_id, c
+    assert [j.decode() for j in client.zrange(f"{system.prefix}jobs:owner:owner-b", 0, -1)] == ["shipment-t-3"]
+
+    many = [EnqueueCall(job_id_for(f"t-many-{n}", "main"), f"t-many-{n}", "owner-a", uuid.uuid4().hex, SEED,
+                        bytes_sha256(SEED), rate_token=True, send_later=True) for n in range(40)]
+    sent: list[tuple[str, list[Any], list[Any]]] = []
+    pipelined = store._pipelined
+    store._pipelined = lambda calls: sent.extend(calls) or pipelined(calls)  # type: ignore[method-assign]
+    assert [o.kind for o in store.enqueue_many(many)] == ["created"] * 40
+    ((name, keys, args),) = sent
+    assert name == "enqueue_many" and args[0] == 40
+    assert (len(keys) + len(args)) / 40 < 16, (len(keys), len(args))  # each job whole: 14 keys, 15 arguments, 3 to frame it
