@@ -65,13 +65,15 @@ class SharedRoundTrips:
                 batch, self._queued = self._queued, []
                 self.round_trips += 1
                 self.calls += len(batch)
-        # What the followers get if a BaseException interrupts the leader (it raises that itself).
-        replies: list[Any] = [redis.ConnectionError("the round trip was interrupted")] * len(batch)
+        replies: list[Any] | None = None
         try:
             replies = send([c.request for c in batch])
         except Exception as exc:  # noqa: BLE001 - every call of the round trip gets it
             replies = [exc] * len(batch)
         finally:
+            if replies is None:
+                # A BaseException interrupted the leader (it raises that itself): its followers' answer.
+                replies = [redis.ConnectionError("the round trip was interrupted")] * len(batch)
             for c, reply in zip(batch, replies):
                 c.reply, c.done = reply, True
             with self._lock:
