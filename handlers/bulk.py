@@ -71,6 +71,9 @@ class FilePart:
 
 def enqueue_bulk(api: Api, req: Request) -> Response:
     content_type = _content_type(req)
+    if "batchId" in req.query:  # it would name one shipment of many: refused rather than ignored
+        raise ApiError("request.invalid", instance=req.path, extra={"fields": {"batchId": [
+            "A bulk names each shipment in its body (each line's batchId, each file's name): leave ?batchId= out."]}})
     shipments: list[Any]
     if content_type == NDJSON:
         shipments = [line for line in req.body.split(b"\n") if line.strip()]

@@ -156,6 +156,11 @@ def test_a_multipart_bulk_names_each_file_s_shipment_after_the_file(make_system:
     status, _, raw = system.request("POST", "/api/imports/bulk", body=many, ctype=ctype)
     assert status == 422 and "1000" in json.loads(raw)["fields"]["body"][0]
     assert system.get_job("shipment-mp-many-0")[0] == 404
+    # ?batchId= would name one shipment of many: the whole request is refused, saying why, for every body kind.
+    for kind_body, kind in ((paris, ctype), (json.dumps(line("q-1", {"Q": 1})).encode() + b"\n", "application/x-ndjson")):
+        status, _, raw = system.request("POST", "/api/imports/bulk?batchId=mp-4", body=kind_body, ctype=kind)
+        assert status == 422 and set(json.loads(raw)["fields"]) == {"batchId"}, raw
+    assert system.get_job("shipment-mp-3")[0] == 404 and system.get_job("shipment-q-1")[0] == 404  # mp-3 is at paris only
 
 
 def test_the_rate_limit_counts_each_shipment_and_the_bounds_are_clear(make_system: Any) -> None:
