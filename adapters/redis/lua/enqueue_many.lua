@@ -55,21 +55,22 @@ local function holes(list)
   return out
 end
 
+-- A template of `count` values: the shared values, read from source[from] on, at
+-- the positions that are not holes (nil at the holes); and where source goes on.
+local function template(hole_list, count, source, from)
+  local values, is_hole = {}, {}
+  for _, position in ipairs(hole_list) do is_hole[position] = true end
+  for position = 1, count do
+    if not is_hole[position] then values[position] = source[from]; from = from + 1 end
+  end
+  return values, from
+end
+
 local message_id = ARGV[2]
 local key_holes, arg_holes = holes(ARGV[6]), holes(ARGV[8])
 local key_count, arg_count = tonumber(ARGV[7]), tonumber(ARGV[9])
--- The template: shared values at their positions, nil at the holes.
-local template_keys, template_args, is_hole = {}, {}, {}
-local key_at, at = (message_id ~= '' and 4 or 1), 10
-for _, position in ipairs(key_holes) do is_hole[position] = true end
-for position = 1, key_count do
-  if not is_hole[position] then template_keys[position] = KEYS[key_at]; key_at = key_at + 1 end
-end
-is_hole = {}
-for _, position in ipairs(arg_holes) do is_hole[position] = true end
-for position = 1, arg_count do
-  if not is_hole[position] then template_args[position] = ARGV[at]; at = at + 1 end
-end
+local template_keys, key_at = template(key_holes, key_count, KEYS, message_id ~= '' and 4 or 1)
+local template_args, at = template(arg_holes, arg_count, ARGV, 10)
 
 local replies, members, deadlines = {}, {}, {}
 for i = 1, tonumber(ARGV[1]) do
