@@ -60,27 +60,53 @@ class AttemptRecorder(Middleware):
             diagnostic=f"{type(exception).__name__}: {exception}{where(exception)}",
             next_attempt_at_ms=int(time.time() * 1000) + backoff,
         )
-        log_event(
-            log, "import.attempt_failed", logging.WARNING, jobId=job_id, attempt=attempt, code=code,
-            outage=outage, exc_info=(type(exception), exception, exception.__traceback__),
-        )
+        exc_info = (type(exception), exception, exception.__traceback__)
         try:
-            record_failure(self.runner.store, failure)
+            outcome = _store(self.runner.store, failure)
         except StoreUnavailable:
             # Recorded once the store answers again (the Reconciler's loop);
             # meanwhile its lease is renewed, so it is no stall either.
+            _log_failed(failure, exc_info)
             self.runner.keep_pending(failure)
             log_event(log, "import.record_failure_pending", logging.WARNING, jobId=job_id, attempt=attempt)
+            return
+        if outcome == "finished":
+            # The job had ended when the attempt raised: an interruption (the time
+            # limit) can only be raised in Python, so one that fired while the
+            # worker waited for its apply script's reply arrives once that script
+            # committed. Nothing failed, nothing is recorded; dramatiq's next
+            # delivery of the message finds the job finished.
+            log_event(log, "import.interrupted_after_end", logging.INFO, jobId=job_id, attempt=attempt, code=code,
+                      exc_info=exc_info)
+            return
+        _log_failed(failure, exc_info)
+        _log_recorded(failure, outcome)
 
     def after_skip_message(self, broker: Any, message: Any) -> None:
         self.runner.forget(message.message_id)
 
+
 def record_failure(store: Any, failure: PendingFailure) -> None:
-    outcome = store.record_failure(
+    """Record a failure that waited for the store (the Reconciler's loop), and log the outcome."""
+    _log_recorded(failure, _store(store, failure))
+
+
+def _store(store: Any, failure: PendingFailure) -> str:
+    return str(store.record_failure(
         job_id=failure.job_id, attempt=failure.attempt, final=False if failure.outage else None,
         error=PublicError.from_code(failure.code), diagnostic=failure.diagnostic,
         next_attempt_at_ms=failure.next_attempt_at_ms, token=failure.token, outage=failure.outage,
+    ))
+
+
+def _log_failed(failure: PendingFailure, exc_info: Any) -> None:
+    log_event(
+        log, "import.attempt_failed", logging.WARNING, jobId=failure.job_id, attempt=failure.attempt, code=failure.code,
+        outage=failure.outage, exc_info=exc_info,
     )
+
+
+def _log_recorded(failure: PendingFailure, outcome: str) -> None:
     if outcome == "stale":  # a newer attempt holds the job: this failure is history
         log_event(log, "import.failure_fenced", logging.WARNING, jobId=failure.job_id, attempt=failure.attempt)
     else:

@@ -331,9 +331,10 @@ def test_a_time_limit_failure_reads_as_one_line_per_attempt_and_a_retry_after_a_
     big.write_text("sku,quantity\n" + "".join(f"BULK-{i:06d},1\n" for i in range(100_000)))
     port = free_port()
     out = tmp_path / "dev-short.log"
-    # 0.01 s: dramatiq checks the limit every 100 ms, so it fires by about 110 ms, while the attempt's
-    # Python work on 100,000 rows (fetch, validation) takes about 200 ms. With 0.1 s it could fire only
-    # once the apply script had begun, and an attempt whose apply committed completes (seen on a fast hour).
+    # 0.01 s: the worker checks the limits every 100 ms (TimeLimit interval, adapters/dramatiq/broker.py),
+    # so it fires by about 110 ms, while the attempt's Python work on 100,000 rows (fetch, validation)
+    # takes about 200 ms. With 0.1 s it could fire while the worker waited for the apply script: raised
+    # once the script had committed, the job is completed (test_end_to_end, the late time limit).
     env = {**_dev_env(folder), "IMPORTER_TIME_LIMIT": "0.01"}
     with open(out, "wb") as handle:
         dev = subprocess.Popen(

@@ -211,6 +211,32 @@ def test_a_worker_killed_after_the_apply_and_before_the_ack_applies_once(make_sy
     assert (record["state"], record["result"]) == ("completed", {"imported": 3, "batchId": "kill-1"})
 
 
+def test_a_time_limit_that_fires_once_the_apply_committed_is_no_failure(make_system: object) -> None:
+    """The time limit can only interrupt Python: one that fires while the worker
+    waits for the apply script's reply (a large file's script runs long) is raised
+    once the script has committed. Forced here: the worker sleeps 2 s after the
+    apply, past its 1 s limit. The import is completed once, its record untouched,
+    and the worker's log says what happened, without an attempt_failed warning."""
+    system = make_system(IMPORTER_TIME_LIMIT="1")  # type: ignore[operator]
+    system.start_http()
+    worker = system.start_worker(IMPORTER_FAULT="after_apply:2")
+    status, body = system.post_csv("late-limit-1", SEED)
+    assert status == 202, body
+    wait_for(lambda: "import.interrupted_after_end" in worker.log(), 20, message="the late interruption's line")
+    # dramatiq sends the interrupted message again: that delivery finds the job finished.
+    wait_for(lambda: '"reason": "finished"' in worker.log(), 20, message="the retried delivery skipped")
+    record = system.get_job("shipment-late-limit-1")[1]
+    assert (record["state"], record["attempt"], record["error"]) == ("completed", 1, None), record
+    assert record["result"] == {"imported": 3, "batchId": "late-limit-1"}, record
+    store = system.store()
+    assert store.stock_of(list(SEED_SKUS)) == SEED_SKUS and store.generation() == 1
+    lines = [json.loads(line) for line in worker.log().splitlines() if line.startswith("{")]
+    late = [line for line in lines if line.get("event") == "import.interrupted_after_end"]
+    assert len(late) == 1 and late[0]["level"] == "info", late
+    assert (late[0]["jobId"], late[0]["attempt"], late[0]["code"]) == ("shipment-late-limit-1", 1, "import.time_limit"), late
+    assert not [line for line in lines if line.get("event") == "import.attempt_failed"], worker.log()
+
+
 def test_a_worker_killed_before_the_apply_is_retried_as_attempt_2(make_system: object) -> None:
     system = make_system()  # type: ignore[operator]
     system.start_http()
