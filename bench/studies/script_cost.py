@@ -15,6 +15,11 @@ start_apply per import through ``RedisStore.start_and_apply`` in this thread
 * the server process's CPU (/proc: I/O, the AOF and the event loop included);
 * the AOF bytes it appends (what a replica and the disk receive).
 
+``--pruned`` runs every round as on a location where the ledger's exporter
+has pruned done markers (P:ledger:pruned set, the Bloom filter of pruned
+batchIds holding 20,000 others): each import then passes the ledger's door
+(apply.lua, "The door"), as in a drain with the ledger on.
+
 ``--against REV`` runs the same rounds, alternating, on the Lua scripts (and
 adapters/redis/scripts.py, which assembles them) of git revision REV, so a
 script change is measured before/after in one run. REV's start_apply.lua must
@@ -31,6 +36,7 @@ as one statement.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import statistics
@@ -137,7 +143,20 @@ def segmented_source(prof_key: str) -> str:
     return str(module.lua_source("start_apply"))  # type: ignore[attr-defined]
 
 
-def one_round(bench: Bench, source: str, n: int, tag: str, together: int = 1) -> dict[str, float]:
+def as_pruned(store: Any, job_id: str) -> None:
+    """The location of ``job_id`` as after the exporter pruned 20,000 done markers (ledger_prune.lua)."""
+    k = store.partition_of(job_id)
+    pipe = store.client.pipeline(transaction=False)
+    pipe.set(k.ledger_pruned, 1)
+    for i in range(20_000):
+        # mark_pruned's bits (common.lua): 6 positions from the SHA-1 of the batchId
+        h = hashlib.sha1(f"pruned-{i}".encode()).hexdigest()
+        for j in range(6):
+            pipe.setbit(k.ledger_pruned_filter, int(h[j * 6:j * 6 + 6], 16) % 4194304, 1)
+    pipe.execute()
+
+
+def one_round(bench: Bench, source: str, n: int, tag: str, together: int = 1, pruned: bool = False) -> dict[str, float]:
     producer = ImporterProducer(bench.url, bench.importer_env(new_prefix("sc")))
     try:
         store = producer.side.api.store
@@ -145,6 +164,8 @@ def one_round(bench: Bench, source: str, n: int, tag: str, together: int = 1) ->
         for i in range(n):
             batch_id, csv = f"{tag}-{i}", csv_3rows(i)
             jobs.append((job_id_for(batch_id), producer.submit(batch_id, csv), batch_id, parse_shipment(csv)))
+        if pruned:
+            as_pruned(store, jobs[0][0])
         script = store.client.register_script(source)
         store.client.script_load(source)
         store._scripts["start_apply"] = script
@@ -180,6 +201,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--against", metavar="REV", help="also measure the scripts of this git revision, alternating")
     ap.add_argument("--segments", action="store_true", help="then time each top-level statement of the script")
+    ap.add_argument("--pruned", action="store_true", help="every import passes the ledger's door (markers were pruned)")
     ap.add_argument("--together", default="1", metavar="N,N...",
                     help="imports per call, each a row (e.g. 1,4,16; --against runs each size too)")
     a = ap.parse_args()
@@ -201,8 +223,9 @@ def main() -> int:
         rounds: dict[str, list[dict[str, float]]] = {name: [] for name in sources}
         for rep in range(a.repeat):
             for name, (source, size) in (sources.items() if rep % 2 == 0 else reversed(sources.items())):
-                rounds[name].append(one_round(bench, source, a.n, f"r{rep}-{uuid.uuid4().hex[:6]}", size))
-        print(f"\nstart_apply.lua, 3-row imports, N={a.n:,} per round, medians of {a.repeat} rounds "
+                rounds[name].append(one_round(bench, source, a.n, f"r{rep}-{uuid.uuid4().hex[:6]}", size, a.pruned))
+        door = ", every import through the ledger's door (markers pruned)" if a.pruned else ""
+        print(f"\nstart_apply.lua, 3-row imports{door}, N={a.n:,} per round, medians of {a.repeat} rounds "
               f"(valkey {bench.valkey_version}, {bench.server_config})\n")
         columns = [
             ("script calls", "calls", "{:.3f}"),
@@ -233,7 +256,7 @@ def main() -> int:
         if a.segments:
             prof_key = "script-cost:segments"
             bench.client.delete(prof_key)
-            one_round(bench, segmented_source(prof_key), a.n, f"seg-{uuid.uuid4().hex[:6]}", sizes[-1])
+            one_round(bench, segmented_source(prof_key), a.n, f"seg-{uuid.uuid4().hex[:6]}", sizes[-1], a.pruned)
             raw = {k.decode(): float(v) for k, v in bench.client.hgetall(prof_key).items()}
             overhead = (raw.pop("1 (one checkpoint)") + raw.pop("2 (one checkpoint)")) / (2 * a.n)
             print(f"\nTime per statement per import (os.clock, less {overhead * 1e6:.2f} µs per checkpoint; "

@@ -50,7 +50,8 @@
 -- ({now, token, record}): the clock and the fencing check need no second read,
 -- the job was never put in P:jobs:active (start.lua), so it is not taken out,
 -- and the start's fields of the record (record: attempt, token...) are written
--- here, in the one HSET that ends the attempt (completed or failed).
+-- here, in the one HSET that ends the attempt (completed or failed); its
+-- door_passed: start_apply.lua let this batch through the door already.
 local started = COMBINED
 local step = job_step(KEYS, ARGV, started and started.now)
 local job_key, job_id, now = step.key, step.id, step.now
@@ -86,8 +87,8 @@ if not done[1] then
   else
     asked, archived_sha, archived_result = ARGV[14], ARGV[15], ARGV[16]
   end
-  local pruned  -- false when no marker was ever pruned here
-  if started then pruned = started.pruned else pruned = redis.call('GET', KEYS[16]) end
+  local pruned  -- false when no marker was ever pruned here (or the door was passed in this call)
+  if started then pruned = not started.door_passed and started.pruned else pruned = redis.call('GET', KEYS[16]) end
   if pruned and pruned ~= asked and maybe_pruned(KEYS[17], batch_id) then return {'ask_ledger', pruned} end
   if archived_sha ~= '' then done = {archived_sha, archived_result} end
 end
