@@ -62,7 +62,7 @@ class AttemptRecorder(Middleware):
         )
         exc_info = (type(exception), exception, exception.__traceback__)
         try:
-            outcome = _store(self.runner.store, failure)
+            outcome = _store_failure(self.runner.store, failure)
         except StoreUnavailable:
             # Recorded once the store answers again (the Reconciler's loop);
             # meanwhile its lease is renewed, so it is no stall either.
@@ -88,10 +88,10 @@ class AttemptRecorder(Middleware):
 
 def record_failure(store: Any, failure: PendingFailure) -> None:
     """Record a failure that waited for the store (the Reconciler's loop), and log the outcome."""
-    _log_recorded(failure, _store(store, failure))
+    _log_recorded(failure, _store_failure(store, failure))
 
 
-def _store(store: Any, failure: PendingFailure) -> str:
+def _store_failure(store: Any, failure: PendingFailure) -> str:
     return str(store.record_failure(
         job_id=failure.job_id, attempt=failure.attempt, final=False if failure.outage else None,
         error=PublicError.from_code(failure.code), diagnostic=failure.diagnostic,

@@ -135,10 +135,10 @@ def one_round(n: int, ledger_on: bool, work: Path, extra_env: dict[str, str] | N
             if ledger_on:
                 # Running before the timed drain, as an exporter in production does: its
                 # start (imports, connections, migrations) is no cost of the drain's imports.
-                log = work / "ledger.log"
-                seen = log.stat().st_size if log.exists() else 0
-                procs.append(_spawn(["ledger"], env, log))
-                _wait_ready(log, seen, procs[-1])
+                ledger_log = work / "ledger.log"
+                seen = ledger_log.stat().st_size if ledger_log.exists() else 0
+                procs.append(_spawn(["ledger"], env, ledger_log))
+                _wait_ready(ledger_log, seen, procs[-1])
             lags: list[tuple[int, float]] = []
             stop = threading.Event()
             if ledger_on:

@@ -50,8 +50,7 @@
 -- ({now, token, record}): the clock and the fencing check need no second read,
 -- the job was never put in P:jobs:active (start.lua), so it is not taken out,
 -- and the start's fields of the record (record: attempt, token...) are written
--- here, in the one HSET that ends the attempt (completed or failed); its
--- door_passed: start_apply.lua let this batch through the door already.
+-- here, in the one HSET that ends the attempt (completed or failed).
 local started = COMBINED
 local step = job_step(KEYS, ARGV, started and started.now)
 local job_key, job_id, now = step.key, step.id, step.now
@@ -81,15 +80,16 @@ if state ~= 'active' or (token or '') ~= ARGV[19] then return {'stale', state} e
 -- is asked again.
 local done = redis.call('HMGET', KEYS[10], 'contentSha256', 'result')
 if not done[1] then
-  local asked, archived_sha, archived_result
+  local archived_sha, archived_result
   if started then
-    asked, archived_sha, archived_result = started.ledger[1], started.ledger[2], started.ledger[3]
+    -- start_apply.lua let the batch through the door itself: nothing its call
+    -- writes before this apply changes the door's answer.
+    archived_sha, archived_result = started.ledger[2], started.ledger[3]
   else
-    asked, archived_sha, archived_result = ARGV[14], ARGV[15], ARGV[16]
+    archived_sha, archived_result = ARGV[15], ARGV[16]
+    local pruned = redis.call('GET', KEYS[16])  -- false when no marker was ever pruned here
+    if pruned and pruned ~= ARGV[14] and maybe_pruned(KEYS[17], batch_id) then return {'ask_ledger', pruned} end
   end
-  local pruned  -- false when no marker was ever pruned here (or the door was passed in this call)
-  if started then pruned = not started.door_passed and started.pruned else pruned = redis.call('GET', KEYS[16]) end
-  if pruned and pruned ~= asked and maybe_pruned(KEYS[17], batch_id) then return {'ask_ledger', pruned} end
   if archived_sha ~= '' then done = {archived_sha, archived_result} end
 end
 zrem(KEYS[14], job_id)

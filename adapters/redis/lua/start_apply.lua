@@ -75,10 +75,9 @@ for i = 1, count do
   if pruned and pruned ~= ledger[1] and maybe_pruned(KEYS[18], batch_id) and redis.call('EXISTS', done_key) == 0 then
     replies[i] = {{'ask_ledger', pruned}, {}, 0}
   else
-  -- what the start hands the apply (start.lua: the record's fields of the attempt; [ledger] its
-  -- word, and that the batch passed the door above: nothing this call writes before its apply
-  -- changes the door's answer, which apply.lua then does not ask again)
-  local combined = {pruned = pruned, ledger = ledger, door_passed = true}
+  -- what the start hands the apply (start.lua: the record's fields of the attempt; [ledger]
+  -- its word). The batch passed the door above: apply.lua does not ask it again.
+  local combined = {ledger = ledger}
   local started = start_step(
     {job_key, KEYS[1], KEYS[2], KEYS[3], KEYS[4], job_events, KEYS[5], upload_key, KEYS[6], KEYS[7], KEYS[8], KEYS[9]},
     {job_id, ARGV[1], '', '', '', '', '', '', upload_id, ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]},
