@@ -23,6 +23,10 @@ from importer.domain.shipment import job_id_for
 #: Bytes of a receipt read per GETRANGE: a 100,000-row receipt streams through
 #: the exporter in ~3 such pieces, never whole in memory with others.
 RECEIPT_PIECE = 1 << 20
+#: Bytes of receipts' first pieces read ahead for a batch of journal entries in
+#: one call (receipt_heads.lua): a batch of small receipts comes whole, and a
+#: batch of large ones never holds more than about this much at once.
+READ_AHEAD = 8 * RECEIPT_PIECE
 
 
 class LedgerOutbox(RedisStoreBase):
@@ -51,17 +55,19 @@ class LedgerOutbox(RedisStoreBase):
             last, length = pipe.execute()
         return (parse_stream_id(text_of(last[0][0])) if last else ZERO), int(length)
 
-    def receipt_source(self, location: str, entries: list[JournalEntry] | None = None) -> ReceiptSource:
+    def receipt_source(
+        self, location: str, entries: list[JournalEntry] | None = None, *, read_ahead: int = READ_AHEAD,
+    ) -> ReceiptSource:
         """Each entry's receipt in pieces of at most RECEIPT_PIECE bytes; the
-        first piece of every entry given is read ahead in one round trip."""
+        first pieces of the entries given are read ahead in one call, up to
+        about ``read_ahead`` bytes in all (the rest when they are reached)."""
         k = self.partition(location)
         first: dict[str, bytes] = {}
         if entries:
             with store_errors():
-                pipe = self.client.pipeline(transaction=False)
-                for e in entries:
-                    pipe.getrange(k.receipt(e.batch_id), 0, RECEIPT_PIECE - 1)
-                first = {e.batch_id: bytes_of(v) for e, v in zip(entries, pipe.execute())}
+                heads = self._script("receipt_heads", keys=[k.receipt(e.batch_id) for e in entries],
+                                     args=[RECEIPT_PIECE, read_ahead])
+            first = {e.batch_id: bytes_of(v) for e, v in zip(entries, heads)}
 
         def source(entry: JournalEntry) -> Iterable[bytes] | None:
             key = k.receipt(entry.batch_id)

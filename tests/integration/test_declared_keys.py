@@ -213,8 +213,12 @@ def _exercise_every_script(store: ProbeStore) -> None:
         store.reconcile()
     store.remove_worker("w1")
 
-    # [ledger] The trims the exporter makes once the ledger committed the journal
+    # [ledger] The exporter's read of the receipts (the first read ahead, the rest when reached),
+    # then the trims it makes once the ledger committed the journal
     # (here as if it had committed all of it), then the pruning of the markers.
+    entries = store.read_journal("main", (0, 0), 100)
+    source = store.receipt_source("main", entries, read_ahead=1)
+    assert len(entries) >= 2 and all(source(e) is not None for e in entries)
     now = store.server_time_ms()
     assert store.trim_exported("main", (now + 1, 0), now + 1) >= 2
     store.prune_markers("main", now + 1, recheck_ms=1000)
