@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run: the exporter (default); verify: check the ledger against Redis, exit 1 on drift")
     p.add_argument("--once", action="store_true", help="run: export until caught up, trim, then exit")
     p.add_argument("--location", default=None, help="verify: only this location (default: every one)")
+    p.add_argument("--max-lag", type=float, default=60.0, metavar="SECONDS",
+                   help="verify: drift when an applied shipment waits for the exporter longer than this (default 60)")
     p.set_defaults(func=lambda a: _ledger(a))
 
     # -- operator tools (operator) ---------------------------------------------
@@ -132,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _ledger(args: argparse.Namespace) -> int:
     from importer.adapters.processes.ledger import cmd_ledger, cmd_ledger_verify
 
-    return cmd_ledger_verify(args.location) if args.action == "verify" else cmd_ledger(args.once)
+    return cmd_ledger_verify(args.location, args.max_lag) if args.action == "verify" else cmd_ledger(args.once)
 
 
 #: Commands that read the store, or call the API, of the `importer dev` running with

@@ -181,13 +181,24 @@ class LedgerStatus:
                     self._thread.start()
 
 
-def verify(store: RedisStore, ledger: PostgresLedger, settings: Settings, locations: list[str]) -> list[str]:
+#: ``importer ledger verify``'s bound on the export lag: an applied shipment older than
+#: this and still not in the ledger is drift (the exporter is stopped, stuck or too slow).
+VERIFY_MAX_LAG_S = 60.0
+
+
+def verify(store: RedisStore, ledger: PostgresLedger, settings: Settings, locations: list[str],
+           max_lag_s: float = VERIFY_MAX_LAG_S) -> list[str]:
     """Drift between Redis and the ledger, one line each (none: all is well):
     per location and SKU the movements chain (each starts where the previous
     ended) and end at Redis's stock (counting the journal entries not exported
     yet); every done marker older than the hot window whose journal entry is
-    not waiting for the exporter is in the ledger."""
+    not waiting for the exporter is in the ledger; and no applied shipment has
+    waited for the exporter longer than ``max_lag_s``."""
     drift: list[str] = []
+    for lag in export_lags(store, ledger, locations):
+        if lag.entries and lag.seconds > max_lag_s:
+            drift.append(f"{lag.location}: {lag.entries} applied shipment(s) not in the ledger, the oldest applied "
+                         f"{lag.seconds:.0f} s ago (bound {max_lag_s:g} s): is `importer ledger` running?")
     cursors = ledger.cursors()
     now = store.server_time_ms()
     hot_cutoff = now - int(settings.ledger_hot_window_s * 1000)
@@ -225,12 +236,12 @@ def verify(store: RedisStore, ledger: PostgresLedger, settings: Settings, locati
     return drift
 
 
-def cmd_ledger_verify(location: str | None) -> int:
+def cmd_ledger_verify(location: str | None, max_lag_s: float = VERIFY_MAX_LAG_S) -> int:
     settings = Settings.from_env()
     exporter = build_exporter(settings)
     try:
         locations = [location] if location else exporter.store.locations()
-        drift = verify(exporter.store, exporter.ledger, settings, locations)
+        drift = verify(exporter.store, exporter.ledger, settings, locations, max_lag_s)
     finally:
         exporter.ledger.close()
         exporter.store.client.close()
@@ -240,7 +251,8 @@ def cmd_ledger_verify(location: str | None) -> int:
     if drift:
         print(f"ledger verify: {len(drift)} drift(s) at {checked}", file=sys.stderr)
         return 1
-    print(f"ledger verify: clean at {checked} (movements chain and end at Redis's stock; every marker past the hot window is in the ledger)")
+    print(f"ledger verify: clean at {checked} (movements chain and end at Redis's stock; every marker past the hot window "
+          f"is in the ledger; no applied shipment waits for the exporter over {max_lag_s:g} s)")
     return 0
 
 

@@ -335,8 +335,13 @@ def test_ledger_verify_lag_and_doctor(make_system: Any, make_database: Any) -> N
     assert "ledger schema: version" in doctor.stdout or "ledger schema" in doctor.stdout, doctor.stdout
     assert "3 shipment(s) not yet in the ledger" in doctor.stdout, doctor.stdout
 
-    # verify counts the journal entries not exported yet: clean before any export
+    # verify counts the journal entries not exported yet: clean before any export...
     assert run_cli(system, "ledger", "verify").returncode == 0
+    # ...while they are younger than its bound: no exporter past it fails, naming the lag
+    late = run_cli(system, "ledger", "verify", "--max-lag", "0.5")
+    assert late.returncode == 1, late.stdout + late.stderr
+    assert "main: 3 applied shipment(s) not in the ledger, the oldest applied" in late.stdout, late.stdout
+    assert "paris: 1 applied shipment(s) not in the ledger" in late.stdout and "is `importer ledger` running?" in late.stdout
     system.start_ledger(once=True).popen.wait(60)
     assert metric("importer_ledger_lag_entries", "main") == 0 and metric("importer_ledger_lag_seconds", "paris") == 0
     clean = run_cli(system, "ledger", "verify")
@@ -425,3 +430,25 @@ def test_a_ledger_at_an_older_schema_version_is_migrated_in_place(make_database:
         assert [(m.batch_id, m.sku, m.after) for m in moves] == [("old-1", "OLD-A", 3)]
     finally:
         ledger.close()
+
+
+def test_verify_fails_while_the_exporter_is_sigkilled_past_the_bound(make_system: Any, make_database: Any) -> None:
+    """A dead exporter (SIGKILLed, never restarted) leaves applied shipments out of the
+    ledger: `importer ledger verify` fails, naming the lag, once the oldest of them is
+    older than its bound; an exporter started again brings it back to clean."""
+    system = make_system(IMPORTER_DATABASE_URL=make_database(), IMPORTER_LEDGER_INTERVAL="0.05")
+    system.start_worker()
+    system.start_http()
+    exporter = system.start_ledger()
+    assert system.post_csv("vk-0", b"sku,quantity\nVK-A,1\n")[0] == 202
+    assert system.wait_state(job_id_for("vk-0"))["state"] == "completed"
+    wait_for(lambda: "ledger.exported" in exporter.log(), 30, message="exported")
+    exporter.kill()
+    for i in range(1, 4):
+        assert system.post_csv(f"vk-{i}", f"sku,quantity\nVK-A,{i}\n".encode())[0] == 202
+        assert system.wait_state(job_id_for(f"vk-{i}"))["state"] == "completed"
+    time.sleep(1.2)
+    late = run_cli(system, "ledger", "verify", "--max-lag", "1")
+    assert late.returncode == 1 and "main: 3 applied shipment(s) not in the ledger" in late.stdout, late.stdout + late.stderr
+    system.start_ledger()
+    wait_for(lambda: run_cli(system, "ledger", "verify", "--max-lag", "1").returncode == 0, 60, 0.5, message="clean again")
