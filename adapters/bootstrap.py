@@ -39,6 +39,7 @@ from importer.adapters.dramatiq.presence import WorkerPresence
 from importer.domain.ports import AttemptStore, MessageSender
 from importer.handlers.api import Api
 from importer.handlers.auth import KeyRing
+from importer.handlers.downloads import Downloads
 from importer.handlers.event_stream import EventStreams
 from importer.domain.ids import random_hex, random_uuid, request_id_var
 from importer.handlers.openapi import spec_yaml
@@ -241,6 +242,9 @@ def build_http(settings: Settings) -> HttpSide:
             # A blocking read must end before the socket timeout cuts it.
             block_s=max(0.1, min(5.0, settings.redis_socket_timeout_s / 2)),
         ),
+        downloads=Downloads(
+            limit=settings.max_downloads, per_owner=settings.max_downloads_per_owner, stall_s=settings.download_stall_s,
+        ),
         max_concurrent_uploads=settings.max_concurrent_uploads,
         # A bulk request's small shipments travel as group messages (the worker reads their uploads).
         group_max_bytes=settings.one_step_max_bytes,
@@ -251,7 +255,6 @@ def build_http(settings: Settings) -> HttpSide:
         default_location=settings.default_location,
         history=ledger,
         archive=ProducerArchive(ledger) if ledger is not None else None,
-        ledger_errors=(LedgerUnavailable,),
         ledger_status=ledger_status or (lambda: None),
         operations=store,
         trace_request=tracing.traced_request if traced else None,

@@ -211,6 +211,12 @@ class Settings:
     #: (clients then poll). Each holds a server thread: 4, not 32, because granian's p99 on ordinary
     #: requests grows with its thread count (docs/performance.md, "HTTP: threads per process").
     max_event_streams: int = 4
+    #: Long downloads (GET /api/stock-movements as CSV) one HTTP process serves at once, and of them
+    #: per owner; one more gets 429 (handlers/downloads.py). Each holds a server thread, added like the streams'.
+    max_downloads: int = 2
+    max_downloads_per_owner: int = 1
+    #: Seconds a download's client may take nothing before the download ends, cut.
+    download_stall_s: float = 30.0
     #: Seconds between heartbeat comments on a quiet event stream.
     event_stream_heartbeat_s: float = 15.0
     #: Seconds after which the server ends an event stream (the client reconnects with Last-Event-ID).
@@ -299,6 +305,9 @@ class Settings:
             worker_metrics_port=_int(env, "IMPORTER_WORKER_METRICS_PORT", 0),
             http_bind=env.get("IMPORTER_HTTP_BIND") or cls.http_bind,
             max_event_streams=_int(env, "IMPORTER_MAX_EVENT_STREAMS", cls.max_event_streams),
+            max_downloads=_int(env, "IMPORTER_MAX_DOWNLOADS", cls.max_downloads),
+            max_downloads_per_owner=_int(env, "IMPORTER_MAX_DOWNLOADS_PER_OWNER", cls.max_downloads_per_owner),
+            download_stall_s=_float(env, "IMPORTER_DOWNLOAD_STALL", cls.download_stall_s),
             event_stream_heartbeat_s=_float(env, "IMPORTER_EVENT_STREAM_HEARTBEAT", cls.event_stream_heartbeat_s),
             event_stream_max_duration_s=_float(env, "IMPORTER_EVENT_STREAM_MAX_DURATION", cls.event_stream_max_duration_s),
             http_server=env.get("IMPORTER_HTTP_SERVER") or cls.http_server,

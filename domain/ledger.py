@@ -158,7 +158,8 @@ class ArchiveLookup(Protocol):
 
 
 class ShipmentHistory(Protocol):
-    """The history reads the API falls back on once Redis dropped a shipment's marker or receipt."""
+    """The history reads the API falls back on once Redis dropped a shipment's marker or receipt.
+    A ledger that does not answer raises :class:`~importer.domain.errors.LedgerUnreachable`."""
 
     def shipment(self, location: str, batch_id: str) -> tuple[ShipmentRecord, bool] | None:
         """The archived done marker, and whether its receipt is whole (False: deleted before the export)."""
@@ -217,8 +218,8 @@ class History(Protocol):
         limit: int, after: Position | None,
     ) -> list[LedgerShipment]: ...
 
-    def list_movements(self, where: MovementFilter, *, limit: int | None, after: Position | None) -> Iterator[LedgerMovement]:
-        """Newest first; limit None: all of them, read in batches (memory stays bounded)."""
+    def list_movements(self, where: MovementFilter, *, limit: int, after: Position | None) -> list[LedgerMovement]:
+        """Newest first, at most ``limit``, those after ``after`` (a page's last position)."""
         ...
 
     def stock_as_of(self, location: str, as_of_ms: int, *, limit: int, after_sku: str | None) -> list[tuple[str, int]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from importer.domain.errors import DomainError
+from importer.domain.errors import DomainError, LedgerUnreachable
 from importer.handlers.http import Response, internal_error, problem, problem_of
 from importer.handlers.problems import (
     ApiError, BodyIncomplete, BodyTimeout, BodyTooLarge, UploadsBusy, api_error_for,
@@ -41,6 +41,8 @@ def answer_for(
     if isinstance(exc, ApiError):
         return problem_of(exc)
     if isinstance(exc, DomainError):
+        if isinstance(exc, LedgerUnreachable):  # the answer says "ledger.unavailable"; the log says why
+            log.warning("ledger unavailable", extra={"event": "http.ledger_unavailable", "path": path, "detail": exc.detail[:300]})
         return problem_of(api_error_for(exc, instance=path))
     if isinstance(exc, BodyTimeout):
         log.warning("body too slow", extra={"event": "http.body_timeout"})

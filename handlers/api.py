@@ -32,9 +32,11 @@ from importer.domain.shipment import BATCH_ID_PATTERN, is_valid_batch_id
 from importer.domain.submit_import import Accepted, submit_import
 from importer.handlers.answers import RETRY_AFTER_UNAVAILABLE_S, retry_after
 from importer.handlers.auth import bearer_token
+from importer.handlers.downloads import Downloads
 from importer.handlers.event_stream import EventStreams
 from importer.handlers.http import Request, Response, json_response
 from importer.handlers.problems import ApiError
+from importer.handlers.query import whole_number
 from importer.handlers.schemas import EnqueueRequestSchema, JobStatusSchema, ShipmentSchema, plainly_valid_enqueue_request
 
 
@@ -85,6 +87,8 @@ class Api:
     on_store_error: Callable[[], None] = lambda: None
     #: Live event streams: settings and this process's open-stream limit.
     event_streams: EventStreams = field(default_factory=EventStreams)
+    #: Long downloads (the movements as CSV): this process's slots, per owner and in all.
+    downloads: Downloads = field(default_factory=Downloads)
     #: Large uploads (over 1 MiB) one process reads at once; more get 503 service.busy (0 = no bound).
     max_concurrent_uploads: int = 1
     #: Request bodies one process reads at once (each until it arrived, or its
@@ -102,8 +106,6 @@ class Api:
     history: History | None = None
     #: [ledger] Where a POST asks about a batch whose done marker may have been pruned; None: no ledger.
     archive: ArchiveLookup | None = None
-    #: [ledger] Exceptions meaning "the ledger cannot be read": answered 503 ledger.unavailable.
-    ledger_errors: tuple[type[BaseException], ...] = ()
     #: [ledger] /health's view of the ledger ({up, lagEntries, lagSeconds}); None: no ledger.
     ledger_status: Callable[[], dict[str, Any] | None] = lambda: None
     #: [trace] Runs a request inside its server span: (request, request id, handle) -> response;
@@ -239,8 +241,8 @@ RATE_TOKEN_WITH_ENQUEUE_BYTES = 64 * 1024
 def rate_token_with_enqueue(req: Request) -> bool:
     """Whether this POST's rate-limit token is taken in the enqueue step (a
     small declared body) rather than before the body is read."""
-    declared = req.headers.get("content-length", "").strip()
-    return declared.isdigit() and int(declared) <= RATE_TOKEN_WITH_ENQUEUE_BYTES
+    declared = whole_number(req.headers.get("content-length", "").strip())
+    return declared is not None and declared <= RATE_TOKEN_WITH_ENQUEUE_BYTES
 
 
 def take_rate_token(api: Api, req: Request) -> None:
@@ -253,6 +255,14 @@ def take_rate_token(api: Api, req: Request) -> None:
     wait_ms = api.store.take_rate_token(req.owner or "")
     if wait_ms:
         raise RateLimited.after_ms(wait_ms)
+
+
+def refuse_operator_key(api: Api, req: Request) -> None:
+    """Before an upload's body is read: an operator's key (the ``ops`` scope) does not
+    upload (403 auth.scope_required). Operators act on others' imports; stock comes
+    from producers' keys only (docs/security.md, "Scopes")."""
+    if req.principal is not None and req.principal.operates:
+        raise ApiError("auth.scope_required")
 
 
 def refuse_forbidden_location(api: Api, req: Request) -> None:
@@ -302,7 +312,9 @@ def get_shipment(api: Api, req: Request) -> Response:
     """GET /api/shipments/{batchId}: the durable history of one of the caller's batches."""
     location = request_location(api, req)
     owner = req.owner_at(location)
-    record = api.store.get_owned_shipment(req.path_params["batchId"], owner, location) if owner else None
+    batch_id = req.path_params["batchId"]
+    # A batchId no batch can have was never applied: the same 404, without asking the stores.
+    record = api.store.get_owned_shipment(batch_id, owner, location) if owner and is_valid_batch_id(batch_id) else None
     if record is None:
         raise ApiError("shipment.not_found")
     payload = {

@@ -44,9 +44,12 @@ from importer.domain.errors import DomainError
 from importer.domain.submit_import import Accepted, Upload, send_recorded, submit_imports
 from importer.handlers.answers import answer_for
 from importer.domain.shipment import BATCH_ID_PATTERN, is_valid_batch_id
-from importer.handlers.api import Api, _content_type, accepted_body, enqueue_request_of, json_of, request_location
+from importer.handlers.api import (
+    Api, _content_type, accepted_body, enqueue_request_of, json_of, refuse_operator_key, request_location,
+)
 from importer.handlers.http import Request, Response, json_response
 from importer.handlers.problems import ApiError
+from importer.handlers.query import whole_number
 from importer.handlers.schemas import LOCATION_PARAMETER
 
 #: Shipments per bulk request at most.
@@ -74,6 +77,8 @@ def enqueue_bulk(api: Api, req: Request) -> Response:
     if "batchId" in req.query:  # it would name one shipment of many: refused rather than ignored
         raise ApiError("request.invalid", instance=req.path, extra={"fields": {"batchId": [
             "A bulk names each shipment in its body (each line's batchId, each file's name): leave ?batchId= out."]}})
+    if "location" in req.query:  # the bulk's own location: refused whole, as a single POST would refuse it
+        request_location(api, req)
     shipments: list[Any]
     if content_type == NDJSON:
         shipments = [line for line in req.body.split(b"\n") if line.strip()]
@@ -150,8 +155,8 @@ def _failed(api: Api, req: Request, exc: BaseException) -> dict[str, Any]:
     answer = answer_for(exc, path=req.path, unavailable=api.unavailable_errors, on_store_error=api.on_store_error)
     entry: dict[str, Any] = {"status": answer.status, "body": json.loads(answer.body)}
     wait = dict(answer.headers).get("Retry-After")
-    if wait is not None and wait.isdigit():
-        entry["retryAfter"] = int(wait)
+    if (seconds := whole_number(wait)) is not None:
+        entry["retryAfter"] = seconds
     return entry
 
 
@@ -242,9 +247,10 @@ ROUTE_SPEC: dict[str, Any] = dict(method="POST", template="/api/imports/bulk", h
                           "content": {"application/json": {"schema": "BulkResults"}}}},
 }, errors=(
     "auth.required", "auth.invalid", "service.unavailable", "request.invalid", "request.unsupported_media_type",
-    "request.incomplete", "request.bad_digest", "request.digest_mismatch", "request.length_required",
-    "request.too_large", "request.timeout", "service.busy",
-), error_notes={
+    "request.incomplete", "request.bad_length", "request.bad_digest", "request.digest_mismatch", "request.length_required",
+    "request.too_large", "request.timeout", "service.busy", "auth.scope_required",
+), before_body=(refuse_operator_key,), error_notes={
+    "auth.scope_required": "An operator's key (the ops scope) does not upload: use a producer's key",
     "request.invalid": f"The body is not 1 to {MAX_SHIPMENTS} lines (a line's own problems are in its result)",
     "request.too_large": "The whole body is larger than the upload byte limit: split it",
 })

@@ -10,11 +10,9 @@ ago shows here once exported (the export lag, about a second under load).
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
+import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
 
@@ -23,8 +21,11 @@ from importer.domain.shipment import is_valid_batch_id
 from importer.handlers.answers import RETRY_AFTER_UNAVAILABLE_S, retry_after
 from importer.domain.shipment import BATCH_ID_PATTERN, SKU_PATTERN
 from importer.handlers.api import Api, request_location
+from importer.handlers.downloads import RETRY_AFTER_DOWNLOAD_S, Downloads, DownloadStalled
 from importer.handlers.http import Request, Response, json_response
 from importer.handlers.problems import ApiError
+from importer.handlers import query
+from importer.handlers.query import BATCH_ID, LINE, LOCATION, MILLIS, SCAN, SKU, encode_cursor
 from importer.handlers.schemas import (
     LOCATION_PARAMETER, MovementListSchema, ShipmentListSchema, SkuStockSchema, StockSchema,
 )
@@ -35,6 +36,7 @@ _SHIPMENTS = ShipmentListSchema()
 _MOVEMENTS = MovementListSchema()
 _STOCK = StockSchema()
 _SKU_STOCK = SkuStockSchema()
+log = logging.getLogger("importer.http")
 CSV_HEADER = b"location,batchId,line,sku,before,quantity,after,appliedAt,owner\n"
 
 
@@ -48,61 +50,8 @@ def _history(api: Api) -> History:
     return api.history
 
 
-@contextmanager
-def _ledger(api: Api) -> Iterator[None]:
-    """The ledger unreachable: 503 ledger.unavailable (imports are not affected)."""
-    try:
-        yield
-    except api.ledger_errors:
-        raise ApiError("ledger.unavailable", retry_after(RETRY_AFTER_UNAVAILABLE_S)) from None
-
-
 def _time(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
-
-
-def _instant(req: Request, name: str, errors: dict[str, list[str]]) -> int | None:
-    """?from=, ?to=, ?asOf=: an RFC 3339 date-time (no zone: UTC) as epoch ms."""
-    text = req.query.get(name)
-    if text is None:
-        return None
-    try:
-        moment = datetime.fromisoformat(text)
-        if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=timezone.utc)
-        return int(moment.timestamp() * 1000)
-    except (ValueError, OverflowError, OSError):
-        errors[name] = ["Must be an RFC 3339 date-time, e.g. 2026-12-01T00:00:00Z."]
-        return None
-
-
-def _limit(req: Request, errors: dict[str, list[str]]) -> int:
-    text = req.query.get("limit")
-    if text is None:
-        return DEFAULT_LIMIT
-    if not text.isdigit() or not 1 <= int(text) <= MAX_LIMIT:
-        errors["limit"] = [f"Must be a whole number from 1 to {MAX_LIMIT}."]
-        return DEFAULT_LIMIT
-    return int(text)
-
-
-def encode_position(position: Any) -> str:
-    return base64.urlsafe_b64encode(json.dumps(["v1", *position], separators=(",", ":")).encode()).decode().rstrip("=")
-
-
-def decode_position(req: Request, errors: dict[str, list[str]], shape: tuple[type, ...]) -> list[Any] | None:
-    text = req.query.get("cursor")
-    if not text:
-        return None
-    try:
-        raw = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
-        if (isinstance(raw, list) and len(raw) == len(shape) + 1 and raw[0] == "v1"
-                and all(type(v) is t for v, t in zip(raw[1:], shape))):
-            return raw[1:]
-    except (binascii.Error, ValueError, UnicodeDecodeError):
-        pass
-    errors["cursor"] = ["Not a cursor from a previous page's nextCursor."]
-    return None
 
 
 def _locations(api: Api, req: Request) -> frozenset[str] | None:
@@ -118,17 +67,16 @@ def _locations(api: Api, req: Request) -> frozenset[str] | None:
 def list_shipments(api: Api, req: Request) -> Response:
     """GET /api/shipments: the caller's applied shipments, newest first."""
     errors: dict[str, list[str]] = {}
-    limit = _limit(req, errors)
-    from_ms, to_ms = _instant(req, "from", errors), _instant(req, "to", errors)
-    after = decode_position(req, errors, (int, str, str))
+    limit = query.limit(req.query, errors, default=DEFAULT_LIMIT, most=MAX_LIMIT)
+    from_ms, to_ms = query.instant(req.query, "from", errors), query.instant(req.query, "to", errors)
+    after = query.cursor(req.query, errors, (MILLIS, LOCATION, BATCH_ID))
     if errors:
         raise _invalid(req, errors)
     locations = _locations(api, req)
     history = _history(api)
     items: list[Any] = []
     if locations != frozenset():
-        with _ledger(api):
-            page = history.list_shipments(
+        page = history.list_shipments(
                 req.owner or "", locations=locations, from_ms=from_ms, to_ms=to_ms, limit=limit + 1,
                 after=(after[0], after[1], after[2], 0) if after else None,
             )
@@ -139,7 +87,7 @@ def list_shipments(api: Api, req: Request) -> Response:
             "batchId": s.batch_id, "location": s.location, "state": "applied", "appliedAt": _time(s.applied_at_ms),
             "result": json.loads(s.result), "contentSha256": s.content_sha256,
         } for s in items],
-        "nextCursor": encode_position([items[-1].applied_at_ms, items[-1].location, items[-1].batch_id]) if more else None,
+        "nextCursor": encode_cursor([items[-1].applied_at_ms, items[-1].location, items[-1].batch_id]) if more else None,
     }
     return json_response(200, _SHIPMENTS.dump(payload), (("Cache-Control", "no-store"),))
 
@@ -152,28 +100,44 @@ def _movement(m: LedgerMovement) -> dict[str, Any]:
 
 
 class MovementsCsv:
-    """The whole result as CSV, streamed from a server-side cursor."""
+    """The whole result as CSV, read a page at a time (handlers/downloads.py): each page one
+    short query on a pooled connection, given back before the page is sent, so a client that
+    reads slowly, or stops, holds no connection and no transaction, only its download slot.
+    Pages follow each other by position, as the JSON pages do: a shipment exported while
+    the download runs shows when it sorts below the page sent last."""
 
-    def __init__(self, rows: Iterator[LedgerMovement]) -> None:
-        self.rows = rows
+    PAGE = 2000
+
+    def __init__(self, history: History, where: MovementFilter, first: list[LedgerMovement],
+                 downloads: Downloads, owner: str) -> None:
+        self.history, self.where, self.first = history, where, first
+        self.downloads, self.owner = downloads, owner
+        self._released = False
 
     def __iter__(self) -> Iterator[bytes]:
+        clock, stall_s = self.downloads.clock, self.downloads.stall_s
         yield CSV_HEADER
-        lines: list[str] = []
-        for m in self.rows:
-            # SKUs, batchIds, locations and owners hold no comma, quote or newline (their patterns).
-            lines.append(f"{m.location},{m.batch_id},{m.line},{m.sku},{m.before},{m.quantity},{m.after},"
-                         f"{_time(m.applied_at_ms).isoformat()},{m.owner}\n")
-            if len(lines) == 1000:
-                yield "".join(lines).encode()
-                lines = []
-        if lines:
-            yield "".join(lines).encode()
+        page, taken = self.first, clock()
+        while page:
+            for start in range(0, len(page), 1000):
+                # SKUs, batchIds, locations and owners hold no comma, quote or newline (their patterns).
+                yield "".join(
+                    f"{m.location},{m.batch_id},{m.line},{m.sku},{m.before},{m.quantity},{m.after},"
+                    f"{_time(m.applied_at_ms).isoformat()},{m.owner}\n" for m in page[start:start + 1000]
+                ).encode()
+                now = clock()
+                if now - taken > stall_s:
+                    log.warning("download stalled", extra={"event": "http.download_stalled", "owner": self.owner})
+                    raise DownloadStalled()
+                taken = now
+            if len(page) < self.PAGE:
+                return
+            page = self.history.list_movements(self.where, limit=self.PAGE, after=_key(page[-1]))
 
     def close(self) -> None:
-        close = getattr(self.rows, "close", None)
-        if close is not None:
-            close()
+        if not self._released:
+            self._released = True
+            self.downloads.slots.release(self.owner)
 
 
 def list_movements(api: Api, req: Request) -> Response:
@@ -181,9 +145,9 @@ def list_movements(api: Api, req: Request) -> Response:
     errors: dict[str, list[str]] = {}
     accept = (req.headers.get("accept") or "").lower()
     as_csv = "text/csv" in accept
-    limit = _limit(req, errors)
-    from_ms, to_ms = _instant(req, "from", errors), _instant(req, "to", errors)
-    after = decode_position(req, errors, (int, str, str, int))
+    limit = query.limit(req.query, errors, default=DEFAULT_LIMIT, most=MAX_LIMIT)
+    from_ms, to_ms = query.instant(req.query, "from", errors), query.instant(req.query, "to", errors)
+    after = query.cursor(req.query, errors, (MILLIS, LOCATION, BATCH_ID, LINE))
     sku, batch_id = req.query.get("sku"), req.query.get("batchId")
     if sku is not None and not is_valid_sku(sku):
         errors["sku"] = ["Must be a SKU: 1-64 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit."]
@@ -199,33 +163,33 @@ def list_movements(api: Api, req: Request) -> Response:
         from_ms=from_ms, to_ms=to_ms,
     )
     if as_csv:
-        rows: Iterator[LedgerMovement] = iter(()) if locations == frozenset() else history.list_movements(where, limit=None, after=None)
-        with _ledger(api):
-            first = next(rows, None)  # an unreachable ledger answers 503 before the 200 is sent
-        stream = MovementsCsv(_chain(first, rows))
+        owner = req.owner or ""
+        if not api.downloads.slots.try_acquire(owner):
+            log.warning("download slots busy", extra={"event": "http.downloads_busy", "owner": owner})
+            raise ApiError("request.rate_limited", retry_after(RETRY_AFTER_DOWNLOAD_S))
+        try:
+            # The first page before the 200: an unreachable ledger answers 503.
+            first = [] if locations == frozenset() else history.list_movements(where, limit=MovementsCsv.PAGE, after=None)
+        except BaseException:
+            api.downloads.slots.release(owner)
+            raise
+        stream = MovementsCsv(history, where, first, api.downloads, owner)
         headers = (("Content-Type", "text/csv; charset=utf-8"), ("Vary", "Accept"), ("Cache-Control", "no-store"))
         return Response(200, b"", headers, stream=stream, download=True)
     items: list[LedgerMovement] = []
     if locations != frozenset():
-        with _ledger(api):
-            items = list(history.list_movements(where, limit=limit + 1, after=tuple(after) if after else None))
+        items = list(history.list_movements(where, limit=limit + 1, after=tuple(after) if after else None))
     more = len(items) > limit
     items = items[:limit]
     payload = {
         "items": [_movement(m) for m in items],
-        "nextCursor": encode_position(_key(items[-1])) if more else None,
+        "nextCursor": encode_cursor(_key(items[-1])) if more else None,
     }
     return json_response(200, _MOVEMENTS.dump(payload), (("Cache-Control", "no-store"), ("Vary", "Accept")))
 
 
 def _key(m: LedgerMovement) -> Position:
     return (m.applied_at_ms, m.location, m.batch_id, m.line)
-
-
-def _chain(first: LedgerMovement | None, rest: Iterator[LedgerMovement]) -> Iterator[LedgerMovement]:
-    if first is not None:
-        yield first
-        yield from rest
 
 
 def _stock_reader(api: Api, req: Request) -> str:
@@ -242,19 +206,18 @@ def get_stock(api: Api, req: Request) -> Response:
     """GET /api/stock: a location's stock levels now (the live store) or as of a time (the ledger)."""
     location = _stock_reader(api, req)
     errors: dict[str, list[str]] = {}
-    limit = _limit(req, errors)
-    as_of = _instant(req, "asOf", errors)
-    cursor = decode_position(req, errors, (int,) if as_of is None else (str,))
+    limit = query.limit(req.query, errors, default=DEFAULT_LIMIT, most=MAX_LIMIT)
+    as_of = query.instant(req.query, "asOf", errors)
+    cursor = query.cursor(req.query, errors, (SCAN,) if as_of is None else (SKU,))
     if errors:
         raise _invalid(req, errors)
     if as_of is None:
         levels, next_cursor = api.store.stock_now(location, limit=limit, cursor=cursor[0] if cursor else 0)
-        nxt = encode_position([next_cursor]) if next_cursor else None
+        nxt = encode_cursor([next_cursor]) if next_cursor else None
     else:
         history = _history(api)
-        with _ledger(api):
-            levels = history.stock_as_of(location, as_of, limit=limit + 1, after_sku=cursor[0] if cursor else None)
-        nxt = encode_position([levels[limit - 1][0]]) if len(levels) > limit else None
+        levels = history.stock_as_of(location, as_of, limit=limit + 1, after_sku=cursor[0] if cursor else None)
+        nxt = encode_cursor([levels[limit - 1][0]]) if len(levels) > limit else None
         levels = levels[:limit]
     payload = {
         "location": location, "asOf": _time(as_of) if as_of is not None else None,
@@ -268,7 +231,7 @@ def get_sku_stock(api: Api, req: Request) -> Response:
     location = _stock_reader(api, req)
     sku = req.path_params["sku"]
     errors: dict[str, list[str]] = {}
-    as_of = _instant(req, "asOf", errors)
+    as_of = query.instant(req.query, "asOf", errors)
     if not is_valid_sku(sku):
         errors["sku"] = ["Must be a SKU: 1-64 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit."]
     if errors:
@@ -277,8 +240,7 @@ def get_sku_stock(api: Api, req: Request) -> Response:
         units = api.store.sku_now(location, sku)
     else:
         history = _history(api)
-        with _ledger(api):
-            units = history.sku_as_of(location, sku, as_of)
+        units = history.sku_as_of(location, sku, as_of)
     payload = {"location": location, "sku": sku, "asOf": _time(as_of) if as_of is not None else None, "units": units or 0}
     return json_response(200, _SKU_STOCK.dump(payload), (("Cache-Control", "no-store"),))
 
@@ -294,17 +256,11 @@ _STOCK_NOTES = {
     "auth.scope_required": "The API key lacks the stock:read scope",
     "location.not_found": "The API key names its stock locations, not this one",
 }
-_FROM = {"name": "from", "in": "query", "required": False, "description": "Applied at or after this time (RFC 3339).",
-         "schema": {"type": "string", "format": "date-time"}}
-_TO = {"name": "to", "in": "query", "required": False, "description": "Applied before this time (RFC 3339).",
-       "schema": {"type": "string", "format": "date-time"}}
-_AS_OF = {"name": "asOf", "in": "query", "required": False,
-          "description": "The stock after every shipment applied before this time (RFC 3339); default: now.",
-          "schema": {"type": "string", "format": "date-time"}}
-_LIMIT = {"name": "limit", "in": "query", "required": False, "description": "Items per page (default 50).",
-          "schema": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50}}
-_CURSOR = {"name": "cursor", "in": "query", "required": False,
-           "description": "The nextCursor of the previous page (opaque).", "schema": {"type": "string"}}
+_FROM = query.instant_parameter("from", "Applied at or after this time.")
+_TO = query.instant_parameter("to", "Applied before this time.")
+_AS_OF = query.instant_parameter("asOf", "The stock after every shipment applied before this time; default: now.")
+_LIMIT = query.limit_parameter(DEFAULT_LIMIT, MAX_LIMIT)
+_CURSOR = query.CURSOR_PARAMETER
 
 #: keyword arguments of handlers/routes.py's Route, one per route of this module.
 ROUTE_SPECS: tuple[dict[str, Any], ...] = (

@@ -6,10 +6,6 @@ missing one."""
 
 from __future__ import annotations
 
-import base64
-import binascii
-import re
-
 from importer.domain.errors import JobNotFound, RateLimited
 from importer.domain.locations import location_of_job
 from importer.domain.retry_import import retry_import
@@ -18,45 +14,23 @@ from importer.handlers.api import Api, job_status, request_location
 from importer.handlers.event_stream import STREAM_ID, JobEventStream
 from importer.handlers.http import Request, Response, json_response
 from importer.handlers.problems import ApiError
+from importer.handlers import query
+from importer.handlers.query import JOB_ID, MILLIS
 from importer.handlers.schemas import JOB_STATES
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
-_CURSOR = re.compile(r"^v1:([0-9]{1,16}):(.{1,200})$", re.DOTALL)
-
-
-def encode_cursor(position: tuple[int, str]) -> str:
-    raw = f"v1:{position[0]}:{position[1]}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def decode_cursor(text: str) -> tuple[int, str] | None:
-    try:
-        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode()
-    except (binascii.Error, ValueError):
-        return None
-    match = _CURSOR.fullmatch(raw)
-    return (int(match.group(1)), match.group(2)) if match else None
 
 
 def list_imports(api: Api, req: Request) -> Response:
     """GET /api/imports: the caller's job records, newest first, one page."""
     errors: dict[str, list[str]] = {}
-    limit = DEFAULT_LIMIT
-    if "limit" in req.query:
-        limit_text = req.query["limit"]
-        if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_LIMIT:
-            errors["limit"] = [f"Must be a whole number from 1 to {MAX_LIMIT}."]
-        else:
-            limit = int(limit_text)
+    limit = query.limit(req.query, errors, default=DEFAULT_LIMIT, most=MAX_LIMIT)
     state = req.query.get("state")
     if state is not None and state not in JOB_STATES:
         errors["state"] = ["Must be one of " + ", ".join(JOB_STATES) + "."]
-    after = None
-    if req.query.get("cursor"):
-        after = decode_cursor(req.query["cursor"])
-        if after is None:
-            errors["cursor"] = ["Not a cursor from a previous page's nextCursor."]
+    given = query.cursor(req.query, errors, (MILLIS, JOB_ID))
+    after = (given[0], given[1]) if given else None
     if errors:
         raise ApiError("request.invalid", instance=req.path, extra={"fields": errors})
     owner = req.owner or ""
@@ -67,7 +41,7 @@ def list_imports(api: Api, req: Request) -> Response:
     records, position = api.store.list_jobs(owner, limit=limit, state=state, after=after, location=location, within=within)
     payload = {
         "items": [job_status(record) for record in records],
-        "nextCursor": encode_cursor(position) if position is not None else None,
+        "nextCursor": query.encode_cursor(position) if position is not None else None,
     }
     # Each item is already the status answer's dump (JobListSchema documents the shape).
     return json_response(200, payload, (("Cache-Control", "no-store"),))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from datetime import datetime, timezone
 from typing import Any
 
@@ -29,7 +30,8 @@ from importer.domain.locations import MAIN, is_valid_location, location_of_job
 from importer.domain.operations import EVERYWHERE, NotARetryableCode, OpsStore, recent_failures, retry_failed
 from importer.domain.retry_import import RETRYABLE_CODES
 from importer.handlers.api import Api, _field_errors, job_status
-from importer.handlers.history import decode_position, encode_position
+from importer.handlers import query
+from importer.handlers.query import JOB_ID, LOCATION, MILLIS, STREAM_ID, Field, encode_cursor
 from importer.handlers.http import Request, Response, json_response
 from importer.handlers.ops_schemas import (
     OpsActionListSchema, OpsFailedListSchema, OpsImportSchema, OpsIntakeRequestSchema, OpsIntakeSchema,
@@ -43,6 +45,8 @@ _OVERVIEW, _RETRY_IN, _RETRY_OUT = OpsOverviewSchema(), OpsRetryRequestSchema(),
 _INTAKE_IN, _INTAKE_OUT, _FAILED = OpsIntakeRequestSchema(), OpsIntakeSchema(), OpsFailedListSchema()
 _IMPORT, _ACTIONS = OpsImportSchema(), OpsActionListSchema()
 _NO_STORE = (("Cache-Control", "no-store"),)
+#: What an error code looks like (import.time_limit, csv.bad_sku).
+_ERROR_CODE = re.compile(r"^[a-z0-9_]{1,32}(\.[a-z0-9_]{1,32}){0,3}$")
 
 
 def _ops(api: Api, req: Request) -> OpsStore:
@@ -58,21 +62,12 @@ def _time(ms: Any) -> datetime | None:
     return datetime.fromtimestamp(int(ms) / 1000, tz=timezone.utc) if isinstance(ms, int) else None
 
 
-def _limit(req: Request, errors: dict[str, list[str]], default: int, most: int) -> int:
-    text = req.query.get("limit")
-    if text is None:
-        return default
-    if not text.isdigit() or not 1 <= int(text) <= most:
-        errors["limit"] = [f"Must be a whole number from 1 to {most}."]
-    return int(text) if text.isdigit() else default
-
-
-def _page(req: Request, default: int, most: int, shape: tuple[type, ...],
+def _page(req: Request, default: int, most: int, shape: tuple[Field, ...],
           errors: dict[str, list[str]] | None = None) -> tuple[int, list[Any] | None]:
     """?limit= and ?cursor= (a position of ``shape``); 422 request.invalid naming every bad field."""
     errors = {} if errors is None else errors
-    limit = _limit(req, errors, default, most)
-    position = decode_position(req, errors, shape)
+    limit = query.limit(req.query, errors, default=default, most=most)
+    position = query.cursor(req.query, errors, shape)
     if errors:
         raise ApiError("request.invalid", instance=req.path, extra={"fields": errors})
     return limit, position
@@ -111,7 +106,7 @@ def _record(store: OpsStore, req: Request, action: str, detail: dict[str, Any]) 
 def overview(api: Api, req: Request) -> Response:
     """GET /api/ops/overview: one page of locations (declared order), the workers, intake."""
     store = _ops(api, req)
-    limit, after = _page(req, 50, 200, (str,))
+    limit, after = _page(req, 50, 200, (LOCATION,))
     locations = [loc for loc in store.locations() if after is None or loc > after[0]]
     page = sorted(locations)[:limit]
     paused = store.intake()
@@ -135,7 +130,7 @@ def overview(api: Api, req: Request) -> Response:
     payload = {
         "workers": workers, "locations": rows, "intake": _paused(paused),
         "ledgerUp": None if lags is None else bool(lags),
-        "nextCursor": encode_position([page[-1]]) if len(locations) > limit else None,
+        "nextCursor": encode_cursor([page[-1]]) if len(locations) > limit else None,
     }
     return json_response(200, _OVERVIEW.dump(payload), _NO_STORE)
 
@@ -178,11 +173,14 @@ def list_failed(api: Api, req: Request) -> Response:
     store = _ops(api, req)
     errors: dict[str, list[str]] = {}
     location = _declared(store, req.query.get("location", MAIN), errors)
-    limit, after = _page(req, 50, 500, (int, str), errors)
-    items, position = store.failed_imports(location, code=req.query.get("errorCode"), limit=limit,
+    code = req.query.get("errorCode")
+    if code is not None and _ERROR_CODE.fullmatch(code) is None:
+        errors["errorCode"] = ["Must be an error code, e.g. import.time_limit."]
+    limit, after = _page(req, 50, 500, (MILLIS, JOB_ID), errors)
+    items, position = store.failed_imports(location, code=code, limit=limit,
                                            after=(after[0], after[1]) if after else None)
     payload = {"items": [{"jobId": f.job_id, "owner": f.owner, "errorCode": f.code} for f in items],
-               "nextCursor": encode_position(list(position)) if position else None}
+               "nextCursor": encode_cursor(list(position)) if position else None}
     return json_response(200, _FAILED.dump(payload), _NO_STORE)
 
 
@@ -202,10 +200,10 @@ def get_import(api: Api, req: Request) -> Response:
 def list_actions(api: Api, req: Request) -> Response:
     """GET /api/ops/actions: what operators did, newest first."""
     store = _ops(api, req)
-    limit, before = _page(req, 50, 500, (str,))
+    limit, before = _page(req, 50, 500, (STREAM_ID,))
     items, last = store.actions(limit=limit, before=before[0] if before else None)
     payload = {"items": [{**item, "at": _time(item["at"])} for item in items],
-               "nextCursor": encode_position([last]) if last else None}
+               "nextCursor": encode_cursor([last]) if last else None}
     return json_response(200, _ACTIONS.dump(payload), _NO_STORE)
 
 
@@ -213,10 +211,7 @@ def list_actions(api: Api, req: Request) -> Response:
 
 _ERRORS = ("auth.required", "auth.invalid", "auth.scope_required", "service.unavailable")
 _NOTES = {"auth.scope_required": "The API key lacks the ops scope (importer keys create NAME --scopes ops)"}
-_LIMIT = {"name": "limit", "in": "query", "required": False, "description": "Items per page.",
-          "schema": {"type": "integer", "minimum": 1, "maximum": 500}}
-_CURSOR = {"name": "cursor", "in": "query", "required": False,
-           "description": "The nextCursor of the previous page (opaque).", "schema": {"type": "string"}}
+_CURSOR = query.CURSOR_PARAMETER
 _LOCATION = {"name": "location", "in": "query", "required": False, "description": "A declared location (default main).",
              "schema": {"type": "string"}}
 
@@ -232,7 +227,7 @@ ROUTE_SPECS: tuple[dict[str, Any], ...] = (
     dict(method="GET", template="/api/ops/overview", handler=overview, operation=_op(
         "opsOverview", "Operators: the live workers, and each location's queue, failures, intake and export lag",
         "OpsOverview", "One page of the declared locations (?limit=, default 50, at most 200; ?cursor=), each read "
-        "in one step; the live workers; where intake is paused.", parameters=[_LIMIT, _CURSOR],
+        "in one step; the live workers; where intake is paused.", parameters=[query.limit_parameter(50, 200), _CURSOR],
     ), errors=(*_ERRORS, "request.invalid"), error_notes=_NOTES),
     dict(method="POST", template="/api/ops/retry-failed", handler=retry_failed_imports, operation=_op(
         "opsRetryFailed", "Operators: retry a location's failed imports of one error code (after an outage)",
@@ -253,8 +248,9 @@ ROUTE_SPECS: tuple[dict[str, Any], ...] = (
     dict(method="GET", template="/api/ops/failed", handler=list_failed, operation=_op(
         "opsListFailed", "Operators: a location's failed imports, newest first, any owner's",
         "OpsFailedList", "", parameters=[
-            _LOCATION, {"name": "errorCode", "in": "query", "required": False, "schema": {"type": "string"}},
-            _LIMIT, _CURSOR,
+            _LOCATION, {"name": "errorCode", "in": "query", "required": False,
+                        "schema": {"type": "string", "pattern": _ERROR_CODE.pattern}},
+            query.limit_parameter(50, 500), _CURSOR,
         ],
     ), errors=(*_ERRORS, "request.invalid"), error_notes=_NOTES),
     dict(method="GET", template="/api/ops/imports/{jobId}", handler=get_import, operation=_op(
@@ -263,6 +259,6 @@ ROUTE_SPECS: tuple[dict[str, Any], ...] = (
     ), errors=(*_ERRORS, "job.not_found"), error_notes=_NOTES),
     dict(method="GET", template="/api/ops/actions", handler=list_actions, operation=_op(
         "opsListActions", "Operators: what operators did (bulk retries, intake), by whom and when, newest first",
-        "OpsActionList", "", parameters=[_LIMIT, _CURSOR],
+        "OpsActionList", "", parameters=[query.limit_parameter(50, 500), _CURSOR],
     ), errors=(*_ERRORS, "request.invalid"), error_notes=_NOTES),
 )

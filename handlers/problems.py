@@ -17,6 +17,7 @@ from importer.domain.errors import DomainError
 HTTP_STATUS: dict[str, int] = {
     "request.bad_json": 400,
     "request.incomplete": 400,
+    "request.bad_length": 400,
     "request.bad_digest": 400,
     "request.digest_mismatch": 400,
     "auth.required": 401,

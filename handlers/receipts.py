@@ -20,6 +20,7 @@ import logging
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 
+from importer.domain.shipment import is_valid_batch_id
 from importer.domain.locations import location_of_job
 from importer.domain.ports import ReceiptStore
 from importer.domain.receipt import StoredReceipt, stored_lines, whole_lines
@@ -165,7 +166,8 @@ def get_receipt(api: Api, req: Request) -> Response:
     batch_id = req.path_params["batchId"]
     location = request_location(api, req)
     owner = req.owner_at(location)
-    stored = api.store.get_owned_receipt(batch_id, owner, RECEIPT_CHUNK, location) if owner else None
+    # A batchId no batch can have was never applied: the same 404, without asking the stores.
+    stored = api.store.get_owned_receipt(batch_id, owner, RECEIPT_CHUNK, location) if owner and is_valid_batch_id(batch_id) else None
     if stored is None:
         raise ApiError("shipment.not_found")  # the same bytes as GET /api/shipments/{batchId}
     if stored.size == 0:

@@ -91,11 +91,12 @@ ROUTES: tuple[Route, ...] = (
             },
         },
     }, errors=(
-        "request.bad_json", "request.incomplete", "request.bad_digest", "request.digest_mismatch", *_API_ERRORS,
+        "request.bad_json", "request.incomplete", "request.bad_length", "request.bad_digest", "request.digest_mismatch", *_API_ERRORS,
         "batch.conflict", "request.length_required", "request.too_large",
         "request.unsupported_media_type", "request.invalid", "request.rate_limited", "service.busy",
-        "contract.no_worker", "request.timeout", "location.not_found", "ledger.unavailable", "intake.paused",
+        "contract.no_worker", "request.timeout", "location.not_found", "ledger.unavailable", "intake.paused", "auth.scope_required",
     ), error_notes={
+        "auth.scope_required": "An operator's key (the ops scope) does not upload: use a producer's key",
         "ledger.unavailable": "Only the ledger can say whether this old batch was applied, and it does not answer; nothing recorded",
         "location.not_found": "No operator declared this location, or the API key names others (?location=, the body's, or the default); nothing recorded",
         "batch.conflict": (
@@ -107,7 +108,7 @@ ROUTES: tuple[Route, ...] = (
             "accept acceptedVersions); nothing was recorded. With no live worker at all the import is accepted "
             "and waits"
         ),
-    }, before_body=(h.refuse_forbidden_location, h.take_rate_token)),
+    }, before_body=(h.refuse_operator_key, h.refuse_forbidden_location, h.take_rate_token)),
     Route(**bulk.ROUTE_SPEC),
     Route("GET", "/api/imports", my_imports.list_imports, {
         "operationId": "listImports",

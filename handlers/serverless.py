@@ -26,6 +26,7 @@ from importer.handlers.auth import KeyRing
 from importer.handlers.answers import answer_for
 from importer.handlers.edge import MemoryBody, UploadSlots, finish, handle
 from importer.handlers.http import Request, Response, problem, request_id_from
+from importer.handlers.query import whole_number
 from importer.handlers.wsgi import body_limit
 
 Event = dict[str, Any]
@@ -126,10 +127,13 @@ def to_request(event: Event, *, limit: int | None = None) -> Request | Response:
     body = _body(event, limit)
     if body is None:
         return problem("request.too_large")
+    headers = _headers(event.get("headers"))
+    if "content-length" in headers and whole_number(headers["content-length"].strip()) is None:
+        return problem("request.bad_length")
     return Request(
         method=method,
         path=unquote(str(event.get("rawPath") or "/")) or "/",
-        headers=_headers(event.get("headers")),
+        headers=headers,
         query=_query(event),
         body=body,
     )
@@ -173,8 +177,7 @@ def to_event_response(response: Response) -> EventResponse:
 
 def _declared_length(request: Request) -> int | None:
     """The Content-Length the client declared, when the event carries one."""
-    text = request.headers.get("content-length", "").strip()
-    return int(text) if text.isdigit() else None
+    return whole_number(request.headers.get("content-length", "").strip())
 
 
 def make_handler(api: Api, keys: KeyRing) -> LambdaHandler:

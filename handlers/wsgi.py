@@ -23,6 +23,7 @@ from importer.handlers.auth import KeyRing
 from importer.handlers.edge import LARGE_UPLOAD_BYTES, UploadSlots, finish, handle
 from importer.handlers.problems import BodyIncomplete, BodyTimeout, BodyTooLarge
 from importer.handlers.http import Request, Response, internal_error, request_id_from
+from importer.handlers.query import whole_number
 
 StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -81,7 +82,7 @@ class WsgiBody:
     def __init__(self, environ: dict[str, Any]) -> None:
         self.stream = environ.get("wsgi.input")
         length_text = (environ.get("CONTENT_LENGTH") or "").strip()
-        self.declared: int | None = int(length_text) if length_text.isdigit() else None
+        self.declared: int | None = whole_number(length_text)
         self.chunked = "chunked" in str(environ.get("HTTP_TRANSFER_ENCODING", "")).lower()
         self.socket: socket.socket | None = environ.get("gunicorn.socket")
         software = str(environ.get("SERVER_SOFTWARE", "")).lower()

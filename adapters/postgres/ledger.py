@@ -16,7 +16,7 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from importer.adapters.postgres.migrations import applied_version, latest_version, migrate
-from importer.domain.errors import LedgerUnreachable
+from importer.domain.errors import DomainError, LedgerUnreachable
 from importer.domain.jobs import ShipmentRecord
 from importer.domain.ledger import (
     ArchivedShipment, JournalEntry, LedgerMovement, LedgerShipment, MovementFilter, Position, ReceiptSource,
@@ -29,8 +29,17 @@ _MOVEMENT_COLUMNS = (
 )
 
 
-class LedgerUnavailable(Exception):
-    """PostgreSQL did not answer (down, refusing, read-only); the message stays in logs."""
+class LedgerUnavailable(LedgerUnreachable):
+    """PostgreSQL did not answer (down, refusing, read-only, timed out): ``503
+    ledger.unavailable``; the message stays in logs."""
+
+
+class LedgerRefusedInput(DomainError):
+    """PostgreSQL refused a value it was given (a NUL byte, a number out of its range):
+    the request's fault, ``422 request.invalid``. The handlers check every value
+    before a query is made, so this is their safety net, never a ``500`` or a ``503``."""
+
+    code = "request.invalid"
 
 
 @contextmanager
@@ -40,6 +49,8 @@ def ledger_errors() -> Iterator[None]:
     # UndefinedTable: the schema is not migrated yet (the exporter, or a process's start, migrates it).
     except (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction, psycopg.errors.UndefinedTable, PoolTimeout) as exc:
         raise LedgerUnavailable(f"{type(exc).__name__}: {exc}") from exc
+    except psycopg.DataError as exc:
+        raise LedgerRefusedInput(f"{type(exc).__name__}: {exc}") from exc
 
 
 class LedgerReads:
@@ -95,7 +106,7 @@ class LedgerReads:
             ).fetchall()
         return [LedgerShipment(str(r[0]), str(r[1]), int(r[2]), str(r[3]), str(r[4])) for r in rows]
 
-    def list_movements(self, where: MovementFilter, *, limit: int | None, after: Position | None) -> Iterator[LedgerMovement]:
+    def list_movements(self, where: MovementFilter, *, limit: int, after: Position | None) -> list[LedgerMovement]:
         conditions: list[str] = []
         args: list[Any] = []
         if where.sku is not None or where.batch_id is not None:
@@ -131,15 +142,8 @@ class LedgerReads:
             + f" ORDER BY {rows_of}.applied_at_ms DESC, {rows_of}.location DESC, {rows_of}.batch_id DESC, m.line DESC"
         )
         with ledger_errors(), self.pool.connection() as conn:
-            if limit is not None:
-                rows = conn.execute(sql + " LIMIT %s", [*args, limit]).fetchall()
-                yield from (_movement(r) for r in rows)
-                return
-            # All of them, read through a server-side cursor in batches.
-            with conn.transaction(), conn.cursor(name="movements") as cur:
-                cur.itersize = 2000
-                cur.execute(sql, args)
-                yield from (_movement(r) for r in cur)
+            rows = conn.execute(sql + " LIMIT %s", [*args, limit]).fetchall()
+        return [_movement(r) for r in rows]
 
     def stock_as_of(self, location: str, as_of_ms: int, *, limit: int, after_sku: str | None) -> list[tuple[str, int]]:
         with ledger_errors(), self.pool.connection() as conn:
@@ -291,9 +295,13 @@ class PostgresLedger(LedgerReads):
 
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8, connect_timeout: float = 5) -> None:
         self.url = url
+        # Each connection is checked (an empty query) as it is handed out: a PostgreSQL
+        # restarted meanwhile leaves pooled connections that only a use reveals dead,
+        # and the pool replaces them instead of failing a read with them.
         self.pool = ConnectionPool(
             url, min_size=min_size, max_size=max_size, open=False, timeout=connect_timeout,
             kwargs={"autocommit": True, "connect_timeout": max(1, int(connect_timeout))},
+            check=ConnectionPool.check_connection,
         )
 
     def open(self, *, wait: bool = True) -> "PostgresLedger":

@@ -49,10 +49,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from importer.adapters.processes.granian import serve_command
 
     settings = _check_redis(args, "http")
-    # Each open event stream holds a thread: add one per allowed stream, so
-    # streams never take the threads of ordinary requests (gthread starts
+    # Each open event stream or download holds a thread: add one per allowed
+    # one, so they never take the threads of ordinary requests (gthread starts
     # threads only when needed; granian's idle threads end after 30 s).
-    threads = args.threads + settings.max_event_streams
+    threads = args.threads + settings.max_event_streams + settings.max_downloads
     return serve_command(
         server=args.server or settings.http_server, bind=args.bind or settings.http_bind, workers=args.workers,
         threads=threads, timeout=args.timeout, graceful_timeout=args.graceful_timeout,

@@ -75,11 +75,11 @@ def default_workers() -> int:
     return len(os.sched_getaffinity(0)) + 1
 
 
-#: ``importer serve``'s Python threads per process (plus IMPORTER_MAX_EVENT_STREAMS).
+#: ``importer serve``'s Python threads per process (plus IMPORTER_MAX_EVENT_STREAMS and IMPORTER_MAX_DOWNLOADS).
 DEFAULT_THREADS = 4
 
 #: The threads per process of a default ``importer serve``: the measured count.
-MEASURED_THREADS = DEFAULT_THREADS + Settings.max_event_streams
+MEASURED_THREADS = DEFAULT_THREADS + Settings.max_event_streams + Settings.max_downloads
 
 #: The start of the warning granian's MPServer.serve logs when a WSGI server's
 #: threads per process exceed 2 x cores + 1 (granian 2.8.9, server/mp.py).

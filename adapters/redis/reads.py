@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from importer.adapters.redis.base import RedisStoreBase
-from importer.adapters.redis.errors import StoreUnavailable, store_errors
+from importer.adapters.redis.errors import store_errors
 from importer.adapters.redis.records import (
     bytes_of, events_after, job_record, json_or_none, rejection_report, scored_members, shipment_record,
     text_of, xread_entries,
@@ -41,13 +41,11 @@ class JobReads(RedisStoreBase):
 
     def _archived(self, location: str, batch_id: str, owner: str) -> tuple[ShipmentRecord, bool] | None:
         """[ledger] The shipment as the ledger holds it, for its owner only (None otherwise,
-        or without a ledger); the ledger unreachable is the store unavailable (503)."""
+        or without a ledger). The ledger's errors are its own (ShipmentHistory): unreachable
+        is ``503 ledger.unavailable``, never the store's (Redis's) error."""
         if self.history is None:
             return None
-        try:
-            found = self.history.shipment(location, batch_id)
-        except Exception as exc:  # the ledger's own errors, whatever the adapter
-            raise StoreUnavailable(f"the ledger did not answer: {exc}", "ledger_unreachable") from exc
+        found = self.history.shipment(location, batch_id)
         return found if found is not None and found[0].owner == owner else None
 
     def get_owned_receipt(self, batch_id: str, owner: str, head_bytes: int, location: str = MAIN) -> StoredReceipt | None:
@@ -70,10 +68,7 @@ class JobReads(RedisStoreBase):
         if not whole:
             return StoredReceipt(record, 0, b"")
         assert self.history is not None
-        try:
-            data = self.history.stored_receipt(location, batch_id)
-        except Exception as exc:
-            raise StoreUnavailable(f"the ledger did not answer: {exc}", "ledger_unreachable") from exc
+        data = self.history.stored_receipt(location, batch_id)
         return StoredReceipt(record, len(data), data)
 
     def read_receipt(self, batch_id: str, start: int, length: int, location: str = MAIN) -> bytes:

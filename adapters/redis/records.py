@@ -80,7 +80,7 @@ def format_versions(versions: frozenset[int]) -> str:
 
 
 def parse_versions(text: str) -> frozenset[int]:
-    return frozenset(int(v) for v in text.split(",") if v.strip().isdigit())
+    return frozenset(int(v) for v in text.split(",") if v.strip().isascii() and v.strip().isdigit())
 
 
 @cache

@@ -219,3 +219,58 @@ def test_the_exporter_killed_again_and_again_mid_export_leaves_every_shipment_on
     assert system.store().stock_of(["SKU-ALL"])["SKU-ALL"] == n
     verified = run_cli(system, "ledger", "verify")
     assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_reads_on_connections_pooled_before_a_postgres_restart_answer_200(
+    postgres: EmbeddedPostgres, redis_url: str, tmp_path: Path,
+) -> None:
+    """PostgreSQL SIGKILLed and started again: the HTTP process's pooled connections died
+    with it. Once it answers, no history read answers 503 (the pool checks a connection
+    that sat idle before it hands it out; it used to hand out the dead ones, one 503 each)."""
+    db = f"postgresql://postgres@127.0.0.1:{postgres.port}/postgres"
+    system = System(redis_url, tmp_path, env_overrides={
+        **FAULT_ENV, "IMPORTER_DATABASE_URL": db, "IMPORTER_LEDGER_INTERVAL": "0.05",
+    })
+    try:
+        system.start_worker()
+        system.start_http()
+        system.start_ledger()
+        for i in range(3):
+            assert system.post_csv(f"pgr-{i}", f"sku,quantity\nPGR-{i},{i + 1}\n".encode())[0] == 202
+        for i in range(3):
+            assert system.wait_state(job_id_for(f"pgr-{i}"))["state"] == "completed"
+        wait_for(lambda: len(json.loads(system.request("GET", "/api/shipments")[2])["items"]) == 3, 30, 0.1)
+        paths = ("/api/shipments", "/api/stock-movements", "/api/shipments/pgr-1", "/api/stock-movements?sku=PGR-2")
+
+        def read_all_at_once() -> list[tuple[str, int]]:
+            answers: list[tuple[str, int]] = []
+            threads = [threading.Thread(target=lambda p=p: answers.append((p, system.request("GET", p)[0])))
+                       for p in paths * 2]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            return answers
+
+        assert all(status == 200 for _, status in read_all_at_once())  # the pool holds its connections now
+        # SIGKILLed and started again at once: /health's ledger view (a thread of the HTTP
+        # process, once a second) meets at most one or two of the dead connections first.
+        signal_server(postgres, signal.SIGKILL)
+        postgres._proc.wait(10) if postgres._proc is not None else None  # noqa: SLF001 - reap it
+        postgres.start()
+        wait_for(lambda: _answers(db), 60, 0.1, message="PostgreSQL back")
+        answers = read_all_at_once() + [(p, system.request("GET", p)[0]) for p in paths * 10]
+        failed = [a for a in answers if a[1] != 200]
+        assert not failed, f"{len(failed)} of {len(answers)} reads after the restart: {failed}"
+        print(f"[faults] reads after a PostgreSQL restart: {len(answers)} answered 200")
+    finally:
+        system.stop_all()
+
+
+def _answers(url: str) -> bool:
+    try:
+        psycopg.connect(url, connect_timeout=2).close()
+        return True
+    except psycopg.Error:
+        return False
+

@@ -6,6 +6,7 @@ levels now and as of a time for keys with the stock:read scope."""
 from __future__ import annotations
 
 import json
+import socket
 import time
 from typing import Any
 from urllib.parse import quote
@@ -31,18 +32,24 @@ def get(system: System, path: str, key: str | None = None, accept: str | None = 
     return status, json.loads(body) if body else None
 
 
-@pytest.fixture
-def history_system(make_system: Any, make_database: Any) -> tuple[System, str]:
+def start_history_system(make_system: Any, make_database: Any, more_keys: str = "") -> tuple[System, str]:
+    """The real processes with a ledger, owner-a's and owner-b's keys, a stock:read key
+    (returned), and ``more_keys`` (IMPORTER_API_KEYS entries)."""
     reader = new_key()
     system = make_system(IMPORTER_DATABASE_URL=make_database(), IMPORTER_LEDGER_INTERVAL="0.05")
     system.env_overrides["IMPORTER_API_KEYS"] = (
         f"owner-a:{hash_key(system.api_key)},owner-b:{hash_key(system.other_key)},"
-        f"stock-desk:{hash_key(reader)} scopes=stock:read"
+        f"stock-desk:{hash_key(reader)} scopes=stock:read" + (f",{more_keys}" if more_keys else "")
     )
     system.start_worker()
     system.start_http()
     system.start_ledger()
     return system, reader
+
+
+@pytest.fixture
+def history_system(make_system: Any, make_database: Any) -> tuple[System, str]:
+    return start_history_system(make_system, make_database)
 
 
 def imported(system: System, batch_id: str, rows: dict[str, int], location: str = "main", key: str | None = None) -> int:
@@ -136,3 +143,81 @@ def test_bad_filters_are_422_with_the_field_named(history_system: tuple[System, 
         assert status == 422 and problem["code"] == "request.invalid" and field in problem["fields"], (path, problem)
     status, problem = get(system, "/api/stock?asOf=2026-13-01", key=reader)
     assert status == 422 and "asOf" in problem["fields"]
+
+
+def _stalled_download(system: System, key: str) -> tuple[socket.socket, int, bytes]:
+    """GET the movements as CSV on a raw socket, read about 64 KiB, then stop reading
+    (the socket stays open): (the socket, the status, the bytes read)."""
+    host, port = system.base_url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+    sock.sendall(f"GET /api/stock-movements HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n"
+                 "Accept: text/csv\r\n\r\n".encode())
+    data = b""
+    while b"\r\n\r\n" not in data or len(data) < 64 * 1024:
+        chunk = sock.recv(16 * 1024)
+        if not chunk:
+            break
+        data += chunk
+        if data.startswith(b"HTTP/1.1 429") and b"\r\n\r\n" in data:
+            break
+    return sock, int(data.split(b" ", 2)[1]), data
+
+
+@pytest.mark.parametrize("bounds", [{}, {"IMPORTER_MAX_DOWNLOADS": "12", "IMPORTER_MAX_DOWNLOADS_PER_OWNER": "12"}],
+                         ids=["default-bounds", "no-bound-hit"])
+def test_stalled_csv_downloads_hold_no_connection_and_another_owner_reads_on(
+    make_system: Any, make_database: Any, bounds: dict[str, str],
+) -> None:
+    """One producer's 100,000-row shipment, then 12 CSV downloads of its movements that read
+    64 KiB and stop: past the bounds (1 per owner per process, 2 in all) they get 429 with
+    Retry-After; the ones served hold no database connection while they wait, so another
+    owner's reads of shipments and movements answer 200 throughout (they waited 5 s for a
+    connection and got 503 when each stalled download held one in a transaction); with the
+    bounds raised so that all 12 are served and stalled, too. A download whose client
+    takes nothing past IMPORTER_DOWNLOAD_STALL ends, cut."""
+    system = make_system(IMPORTER_DATABASE_URL=make_database(), IMPORTER_LEDGER_INTERVAL="0.05",
+                         IMPORTER_DOWNLOAD_STALL="2", **bounds)
+    system.start_worker()
+    system.start_http(workers=2)
+    system.start_ledger()
+    big = "sku,quantity\n" + "".join(f"STALL-{i:06d},1\n" for i in range(100_000))
+    status, _, raw = system.request("POST", "/api/imports?batchId=stall-big", body=big.encode(), ctype="text/csv")
+    assert status == 202, raw
+    assert system.wait_state(job_id_for("stall-big"), timeout=120)["state"] == "completed"
+    imported(system, "stall-b", {"STALL-B": 2}, key=system.other_key)
+    wait_for(lambda: get(system, "/api/shipments")[1]["items"] and get(system, "/api/shipments", key=system.other_key)[1]["items"],
+             120, 0.2, message="exported")
+
+    stalled = [_stalled_download(system, system.api_key) for _ in range(12)]
+    try:
+        served = [s for s in stalled if s[1] == 200]
+        refused = [s for s in stalled if s[1] == 429]
+        most = 12 if bounds else 2  # one per owner in each of the 2 processes
+        assert len(served) + len(refused) == 12 and 1 <= len(served) <= most and (bounds or refused), [s[1] for s in stalled]
+        assert all(b"retry-after: 5" in s[2].lower() and b"request.rate_limited" in s[2] for s in refused), refused[0][2][:600]
+        answers = []
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline:
+            for path in ("/api/shipments", "/api/stock-movements?limit=100", "/api/shipments/stall-b"):
+                answers.append(get(system, path, key=system.other_key)[0])
+        assert answers and set(answers) == {200}, {s: answers.count(s) for s in set(answers)}
+        # Past the stall bound a download ends cut (no closing chunk) and frees its slot. (A server
+        # may also take a whole download into its own buffers before the client stalls it: then
+        # it holds no thread either, and ends whole.)
+        cut = []
+        for sock, _, _ in served:
+            sock.settimeout(30)
+            rest = b""
+            while chunk := sock.recv(1 << 20):
+                rest += chunk
+            cut.append(not rest.endswith(b"0\r\n\r\n"))
+        assert any(cut), "no stalled download was cut"
+        def served_again() -> bool:
+            sock, status, _ = _stalled_download(system, system.api_key)
+            sock.close()
+            return status == 200
+        wait_for(served_again, 30, 0.5, message="a slot free again")
+    finally:
+        for sock, _, _ in stalled:
+            sock.close()

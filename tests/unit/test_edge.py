@@ -183,6 +183,20 @@ def test_a_serverless_body_that_differs_from_its_content_length_is_refused() -> 
     assert handler(event, None)["statusCode"] == 202
 
 
+@pytest.mark.parametrize("length", ["\u00b2", "\u0661\u0660", "\uff15", "1" * 5000, "-1", "0x10", ""])
+@pytest.mark.parametrize("method", ["POST", "GET"])
+def test_a_serverless_content_length_that_is_no_number_is_400_and_nothing_recorded(method: str, length: str) -> None:
+    """\u00b2 passed str.isdigit() and then made int() raise: the handler raised, API Gateway answered 502."""
+    h = make_harness()
+    event = _event(method, "/api/imports", body=VALID_CSV if method == "POST" else "", query="batchId=b-len",
+                   headers={"content-type": "text/csv", "content-length": length, "authorization": f"Bearer {KEY_A}"})
+
+    out = make_handler(h.api, _keys(h))(event, None)
+
+    assert out["statusCode"] == 400 and json.loads(out["body"])["code"] == "request.bad_length", out
+    assert h.store.jobs == {}
+
+
 # -- authenticate, then rate-limit, then read --------------------------------------------
 
 

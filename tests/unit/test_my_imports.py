@@ -15,7 +15,7 @@ import pytest
 from importer.domain.jobs import JobRecord
 from importer.handlers.auth import KeyRing, hash_key
 from importer.handlers.event_stream import EventStreams
-from importer.handlers.my_imports import decode_cursor, encode_cursor
+from importer.handlers.query import JOB_ID, MILLIS, decode_cursor, encode_cursor
 from importer.handlers.serverless import make_handler
 from importer.handlers.wsgi import create_app
 from tests.unit.fakes import NOW_MS
@@ -133,9 +133,10 @@ def test_list_needs_a_key() -> None:
 
 
 def test_cursor_round_trip_is_opaque() -> None:
-    cursor = encode_cursor((NOW_MS, "shipment-a:b"))
-    assert "shipment" not in cursor and decode_cursor(cursor) == (NOW_MS, "shipment-a:b")
-    assert decode_cursor("garbage!") is None
+    cursor = encode_cursor((NOW_MS, "shipment-a.b@paris"))
+    assert "shipment" not in cursor and decode_cursor(cursor, (MILLIS, JOB_ID)) == [NOW_MS, "shipment-a.b@paris"]
+    assert decode_cursor("garbage!", (MILLIS, JOB_ID)) is None
+    assert decode_cursor(encode_cursor((NOW_MS, "shipment-a:b")), (MILLIS, JOB_ID)) is None  # not a job id
 
 
 # -- the event stream --------------------------------------------------------------
