@@ -31,8 +31,11 @@ STOCK_READ = "stock:read"
 #: The scope of an operator's key: the routes under /api/ops/ (every location's queue,
 #: the live workers, bulk retries, intake paused and resumed, any import's diagnostic).
 OPS = "ops"
+#: The scope that lets an operator's key upload shipments too (``importer dev``'s local key):
+#: an operator's key (``ops``) does not upload without it; any other key uploads as ever.
+IMPORTS = "imports"
 #: Every scope a key may carry (``importer keys create NAME --scopes stock:read,ops``).
-SCOPES = frozenset({STOCK_READ, OPS})
+SCOPES = frozenset({STOCK_READ, OPS, IMPORTS})
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +53,12 @@ class Principal:
     @property
     def operates(self) -> bool:
         return OPS in self.scopes
+
+    @property
+    def uploads(self) -> bool:
+        """Whether this key sends shipments: an operator's key only with the ``imports`` scope
+        (docs/security.md, "An operator's key does not upload")."""
+        return OPS not in self.scopes or IMPORTS in self.scopes
 
     def may_use(self, location: str) -> bool:
         return self.locations is None or location in self.locations

@@ -258,10 +258,10 @@ def take_rate_token(api: Api, req: Request) -> None:
 
 
 def refuse_operator_key(api: Api, req: Request) -> None:
-    """Before an upload's body is read: an operator's key (the ``ops`` scope) does not
-    upload (403 auth.scope_required). Operators act on others' imports; stock comes
-    from producers' keys only (docs/security.md, "Scopes")."""
-    if req.principal is not None and req.principal.operates:
+    """Before an upload's body is read: an operator's key (the ``ops`` scope, without
+    ``imports``) does not upload (403 auth.scope_required). Operators act on others'
+    imports; stock comes from producers' keys (docs/security.md, "Scopes")."""
+    if req.principal is not None and not req.principal.uploads:
         raise ApiError("auth.scope_required")
 
 

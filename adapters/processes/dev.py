@@ -286,7 +286,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
         if not dev.api_keys_given:
             key = dev_key(folder, new_key)  # the same on every start with this folder
             # One person is producer, stock reader and operator of a local system: every scope.
-            overrides["IMPORTER_API_KEYS"] = f"local:{hash_key(key)} scopes=stock:read|ops"
+            overrides["IMPORTER_API_KEYS"] = f"local:{hash_key(key)} scopes=imports|stock:read|ops"
         metrics_token = dev.metrics_token or secrets.token_urlsafe(16)
         overrides["IMPORTER_METRICS_TOKEN"] = metrics_token
         env = child_env(overrides)
