@@ -11,6 +11,7 @@ import functools
 import logging
 import time
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse
 
@@ -25,14 +26,16 @@ from importer.adapters import tracing
 from importer.adapters.logs import log_event
 from importer.adapters.metrics import HttpMetrics
 from importer.adapters.dramatiq.broker import build_broker
-from importer.adapters.dramatiq.middleware import AttemptRecorder, CloseConnections, LocationConsumers, Reconciler
+from importer.adapters.dramatiq.middleware import AttemptRecorder, CloseConnections, LocationConsumers, Reconciler, StartAtBoot
 from importer.adapters.dramatiq.producer import ImportQueue
 from importer.adapters.dramatiq.rabbitmq import BoundedRabbitmqBroker
 from importer.adapters.dramatiq.runner import ImportRunner, declare_import_actor
 from importer.adapters.redis.client import ImporterRedis, ImporterRedisCluster, RedisClient
 from importer.adapters.redis.errors import StoreUnavailable
-from importer.adapters.postgres.ledger import LedgerUnavailable, PostgresLedger, ProducerArchive
+from importer.adapters.postgres.errors import LedgerUnavailable
+from importer.adapters.postgres.ledger import PostgresLedger, ProducerArchive
 from importer.adapters.processes.ledger import LedgerStatus
+from importer.adapters.processes.ledger_sync import SyncWatch
 from importer.adapters.redis.store import RedisStore
 from importer.adapters.settings import Settings, SettingsError
 from importer.adapters.dramatiq.presence import WorkerPresence
@@ -187,6 +190,13 @@ class HttpSide:
         self.client.close()
 
 
+def fault_points(spec: str) -> Callable[[str], None]:
+    """Test-only (IMPORTER_FAULT): a process's named points, to sleep or die at (adapters/faults.py)."""
+    from importer.adapters.faults import Faults
+
+    return Faults(spec).at
+
+
 def open_ledger(settings: Settings, *, max_size: int = 4) -> PostgresLedger | None:
     """[ledger] The ledger's connection pool when IMPORTER_DATABASE_URL is set (opened
     in the background: a ledger down at start-up is a late history, not a failed start)."""
@@ -214,9 +224,12 @@ def build_http(settings: Settings) -> HttpSide:
         groups=queue.redis_group_message if writes else None,
     )
     store.history = ledger = open_ledger(settings)
+    watch = SyncWatch(store, ledger) if ledger is not None else None
+    if watch is not None:
+        store.behind = watch.is_behind
     metrics = HttpMetrics(store, ledger)
     sender: MessageSender = queue
-    ledger_status = LedgerStatus(store, ledger) if ledger is not None else None
+    ledger_status = LedgerStatus(store, ledger, on_start=watch.start if watch is not None else None) if ledger is not None else None
     if settings.fault:
         from importer.adapters.faults import Faults, FaultySender  # tests only
 
@@ -271,7 +284,10 @@ def build_worker(settings: Settings) -> dramatiq.Broker:
     tracing.setup(settings, "importer-worker")
     client = redis_client(settings)
     store = RedisStore(client, settings, clock_ms=clock_ms)
-    store.archive = open_ledger(settings)
+    store.archive = ledger = open_ledger(settings)
+    watch = SyncWatch(store, ledger) if ledger is not None else None
+    if watch is not None:
+        store.behind = watch.is_behind
     attempts: AttemptStore = store
     if settings.fault:
         from importer.adapters.faults import Faults, FaultyAttemptStore  # tests only
@@ -280,6 +296,7 @@ def build_worker(settings: Settings) -> dramatiq.Broker:
     runner = ImportRunner(attempts, settings)
     middleware = [
         Reconciler(store, runner, settings), WorkerPresence(store, settings), LocationConsumers(store), CloseConnections(client),
+        *([StartAtBoot(watch.start)] if watch is not None else []),
     ]
     if settings.worker_metrics_port:
         from importer.adapters.processes.worker_metrics import WorkerPrometheus

@@ -17,7 +17,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from importer.adapters.postgres.ledger import LedgerUnavailable, PostgresLedger
+from importer.adapters.postgres.errors import LedgerUnavailable
+from importer.adapters.postgres.ledger import PostgresLedger
 from importer.adapters.redis.errors import StoreUnavailable
 from importer.adapters.redis.store import RedisStore
 from importer.adapters.redis.scripts import DURATION_BUCKETS_MS  # the buckets the scripts count into
@@ -93,11 +94,21 @@ class LedgerCollector(Collector):
         seconds = GaugeMetricFamily(
             "importer_ledger_lag_seconds", "Age of the oldest applied shipment not yet in the ledger (0: none).",
             labels=["location"])
+        behind = GaugeMetricFamily(
+            "importer_redis_behind_ledger_shipments",
+            "Shipments the ledger holds that this location's Redis lacked when it was found behind "
+            "(restored from an older backup, emptied): 0 once brought forward.", labels=["location"])
+        try:
+            marks = self.store.behind_marks(lag.location for lag in lags)
+        except StoreUnavailable:
+            marks = {}
         for lag in lags:
             entries.add_metric([lag.location], lag.entries)
             seconds.add_metric([lag.location], lag.seconds)
+            behind.add_metric([lag.location], int(marks.get(lag.location, {}).get("shipments") or 0))
         yield entries
         yield seconds
+        yield behind
 
 
 class HttpMetrics:

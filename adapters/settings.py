@@ -239,6 +239,9 @@ class Settings:
     ledger_interval_s: float = 0.2
     #: [ledger] Journal entries per export transaction.
     ledger_batch: int = 500
+    #: [ledger] The exporter brings a location's Redis forward from the ledger by itself as soon
+    #: as it finds it behind (adapters/processes/ledger_sync.py); off: `importer ledger restore` by hand.
+    ledger_auto_restore: bool = True
     #: [trace] OTEL_TRACES_EXPORTER "console" or "otlp": tracing on (the otel extra); "none" (default): off, at no cost.
     traces_exporter: str = "none"
     otel_service_name: str = ""  #: [trace] OTEL_SERVICE_NAME (else importer-http, importer-worker)
@@ -294,6 +297,7 @@ class Settings:
             idempotency_horizon_s=_float(env, "IMPORTER_IDEMPOTENCY_HORIZON", cls.idempotency_horizon_s),
             ledger_interval_s=_float(env, "IMPORTER_LEDGER_INTERVAL", cls.ledger_interval_s),
             ledger_batch=_int(env, "IMPORTER_LEDGER_BATCH", cls.ledger_batch, minimum=1),
+            ledger_auto_restore=env.get("IMPORTER_LEDGER_AUTO_RESTORE", "1") != "0",
             api_keys=_api_keys(env),
             rate_limit=_int(env, "IMPORTER_RATE_LIMIT", cls.rate_limit),
             rate_window_s=_float(env, "IMPORTER_RATE_WINDOW", cls.rate_window_s),

@@ -63,6 +63,7 @@ EXPLANATIONS: dict[str, tuple[str, str]] = {
     "service.unavailable": ("Service unavailable", "The service cannot reach its store or is shutting down. Retry later."),
     "request.incomplete": ("Body is incomplete", "The connection ended before the whole body arrived (fewer bytes than Content-Length, or a chunked body without its last chunk). Nothing was recorded: send the whole request again."),
     "request.length_required": ("Content-Length required", "This server cannot tell a chunked upload that was cut on the way from a whole one. Nothing was read or recorded: send the upload with a Content-Length header (any HTTP client does for a file or a byte string), or add a Content-Digest header (sha-256) that proves it whole."),
+    "store.behind_ledger": ("The store is being brought forward from the ledger", "This stock location's store came back behind the ledger (restored from an older backup, or emptied) and is being brought forward from it. Nothing was recorded: send the same request again after Retry-After; nothing is lost or applied twice."),
     "request.bad_length": ("Content-Length is not valid", "Nothing was recorded. Content-Length must be the body's size in bytes, in ASCII digits."),
     "request.bad_digest": ("Content-Digest is not valid", "Nothing was recorded. Send Content-Digest as RFC 9530 says, with a sha-256 or sha-512 member: 'Content-Digest: sha-256=:<base64 of the SHA-256 of the body>:'."),
     "request.digest_mismatch": ("Body does not match its Content-Digest", "The bytes that arrived are not the bytes the digest was computed on: the upload was cut or changed on the way. Nothing was recorded: send the whole request again."),
@@ -182,6 +183,17 @@ class LedgerUnreachable(DomainError):
     does not answer now: nothing was recorded; the same POST may be sent again."""
 
     code = "ledger.unavailable"
+    permanent = False
+    retry_after_s = 5
+
+
+class StoreBehindLedger(DomainError):
+    """[ledger] This location's store came back behind the ledger (restored from an
+    older backup, emptied, a lagging replica promoted): until it is brought forward
+    from the ledger, nothing is taken there. Nothing was recorded; send the same
+    request again after Retry-After."""
+
+    code = "store.behind_ledger"
     permanent = False
     retry_after_s = 5
 

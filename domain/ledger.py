@@ -142,6 +142,9 @@ class ExportClaim(Protocol):
     """One location's export cursor, held by this exporter until the transaction ends."""
 
     cursor: StreamId
+    #: The batchIds :meth:`write` found held already under another journal id: applied a
+    #: second time in Redis (it was behind the ledger). Never written twice; an alarm.
+    second_applications: list[str]
 
     def write(self, entries: list[JournalEntry], receipts: ReceiptSource) -> list[str]:
         """Write the shipments not yet in the ledger, with their movements;
@@ -288,6 +291,78 @@ def export_location(outbox: LedgerOutbox, ledger: Ledger, location: str, *, max_
         missing = claim.write(entries, outbox.receipt_source(location, entries))
         for batch_id in missing:
             log("ledger.receipt_missing", logging.WARNING, location=location, batchId=batch_id)
+        for batch_id in claim.second_applications:
+            log("ledger.second_application", logging.ERROR, location=location, batchId=batch_id,
+                hint="the ledger holds this batch under another journal entry: Redis applied it twice (it was behind "
+                     "the ledger); the ledger keeps the first, `importer ledger restore` brings Redis's stock back")
         claim.advance(entries[-1].stream_id, len(entries))
         committed = entries[-1].stream_id
     return ExportReport(location, len(entries), committed)
+
+
+# -- Redis behind the ledger (restored from a backup, emptied, a lagging replica promoted) --
+
+@dataclass(frozen=True, slots=True)
+class LedgerPosition:
+    """How far the ledger has come at one location: the journal id of the last entry it
+    committed, how many shipments it holds, and the batch of that last entry."""
+
+    location: str
+    cursor: StreamId
+    shipments: int
+    last_batch_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class RedisPosition:
+    """How far Redis has come at one location: its journal's last id (ZERO: no journal),
+    and whether it has a trace (a done marker, or the filter of pruned ones) of the ledger's last batch."""
+
+    journal_last: StreamId
+    knows_last_batch: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Behind:
+    """A location whose Redis lacks shipments the ledger holds: how many, and how much
+    applying time they span (from the first one Redis lacks to the ledger's last)."""
+
+    location: str
+    shipments: int
+    seconds: float
+    reason: str
+
+
+def is_behind(ledger: LedgerPosition, redis: RedisPosition) -> bool:
+    """Whether Redis lacks a shipment the ledger holds. Redis *ahead* of the ledger (the
+    export lag: applied, not yet exported) never is: its journal is at or past the
+    ledger's cursor, and it holds the marker of every batch it applied. Either test alone
+    can miss a case: a Redis restored from an older snapshot whose journal then took a new
+    entry is past the cursor by time, yet lacks the last batch's marker; a marker an
+    operator left by hand does not make the journal catch up."""
+    if ledger.shipments == 0:
+        return False
+    return redis.journal_last < ledger.cursor or not redis.knows_last_batch
+
+
+def restored_stock(
+    ledger_afters: dict[str, int], current: Iterable[str], fresh: list[tuple[str, list[tuple[str, int]]]],
+) -> tuple[dict[str, int], list[str], dict[str, list[tuple[str, int, int]]]]:
+    """The stock a location's Redis is brought forward to: each SKU as the ledger's
+    movements end, plus what the shipments Redis applied since and the ledger does not hold
+    yet (``fresh``: batchId and (sku, quantity) lines, in journal order) added on top.
+
+    Returns (stock per SKU, the SKUs Redis holds that end at none: to delete, and per fresh
+    batch its receipt lines (sku, before, quantity) computed on the restored stock, so that
+    the ledger's movements chain once they are exported)."""
+    stock = dict(ledger_afters)
+    receipts: dict[str, list[tuple[str, int, int]]] = {}
+    for batch_id, lines in fresh:
+        rows = []
+        for sku, quantity in lines:
+            before = stock.get(sku, 0)
+            rows.append((sku, before, quantity))
+            stock[sku] = before + quantity
+        receipts[batch_id] = rows
+    gone = sorted(set(current) - set(stock))
+    return stock, gone, receipts

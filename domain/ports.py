@@ -32,8 +32,10 @@ class EnqueueOutcome:
     #: been pruned: ask the ledger, then enqueue again with ``ledger_asked``.
     #: 'undeclared': the location is not one an operator declared; nothing was written.
     #: 'paused': an operator paused intake here or everywhere; nothing was written.
+    #: 'behind' [ledger]: this location's store is behind the ledger (restored from an older
+    #: backup, emptied): it lacks shipments the ledger holds; nothing was written.
     kind: Literal["created", "exists", "conflict", "no_worker", "rate_limited", "content_needed", "ask_ledger",
-                  "undeclared", "paused"]
+                  "undeclared", "paused", "behind"]
     #: The job's state when it exists ('waiting' for a new one).
     state: str = ""
     #: A new job's message was written in the same atomic step as its record

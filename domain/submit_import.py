@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from importer.domain.errors import (
     BatchConflict, BatchUnsettled, DomainError, IntakePaused, LedgerUnreachable, LocationNotAllowed, NoWorkerAccepts, RateLimited,
+    StoreBehindLedger,
 )
 from importer.domain.contract import GROUP_MAX
 from importer.domain.ledger import ArchiveLookup
@@ -158,6 +159,8 @@ def _settled(
                                 raw=raw, upload_id=upload_id, location=location, max_rows=max_rows, send_later=later)
     if outcome.kind == "paused":
         raise IntakePaused()
+    if outcome.kind == "behind":
+        raise StoreBehindLedger()
     if outcome.kind == "undeclared":
         raise LocationNotAllowed()  # 404 location.not_found, as for a location the key does not name
     if outcome.kind == "content_needed":

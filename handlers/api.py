@@ -370,6 +370,10 @@ def health(api: Api, req: Request) -> Response:
     ledger = api.ledger_status()
     if ledger is not None:
         payload["ledger"] = ledger  # late history is no sickness: still 200
+        if ledger.get("behind"):
+            # [ledger] a location's Redis came back behind the ledger: it takes nothing until
+            # brought forward; the others go on (200, as for a paused intake)
+            payload["status"], payload["reason"] = "degraded", "store_behind_ledger"
     return json_response(200, payload)
 
 

@@ -26,6 +26,10 @@ class OpsFailuresSchema(Schema):
 class OpsLagSchema(Schema):
     lagEntries = fields.Integer(required=True)
     lagSeconds = fields.Float(required=True)
+    behindShipments = fields.Integer(load_default=0, dump_default=0, metadata={
+        "description": "Shipments the ledger holds that this location's Redis lacked when it came back behind "
+                       "(restored from an older backup, emptied): intake and applies wait here until it is "
+                       "brought forward. 0: not behind."})
 
 
 class OpsLocationSchema(Schema):

@@ -47,6 +47,7 @@ HTTP_STATUS: dict[str, int] = {
     "contract.no_worker": 503,
     "ledger.unavailable": 503,
     "intake.paused": 503,
+    "store.behind_ledger": 503,
 }
 
 #: Response headers that come with a code (documented in the OpenAPI document).
@@ -60,6 +61,7 @@ HEADERS_OF: dict[str, dict[str, str]] = {
     "contract.no_worker": {"Retry-After": "Seconds to wait."},
     "ledger.unavailable": {"Retry-After": "Seconds to wait."},
     "intake.paused": {"Retry-After": "Seconds to wait."},
+    "store.behind_ledger": {"Retry-After": "Seconds to wait."},
 }
 
 

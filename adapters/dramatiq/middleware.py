@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from dramatiq.middleware import Middleware
@@ -328,3 +329,14 @@ class CloseConnections(Middleware):
     def after_worker_shutdown(self, broker: Any, worker: Any) -> None:
         self.client.close()
         log_event(log, "worker.redis_closed")
+
+
+class StartAtBoot(Middleware):
+    """Calls ``start`` in the worker process (after dramatiq's fork) before it consumes:
+    a process's own threads, such as its view of the locations behind the ledger."""
+
+    def __init__(self, start: Callable[[], None]) -> None:
+        self.start = start
+
+    def before_worker_boot(self, broker: Any, worker: Any) -> None:
+        self.start()

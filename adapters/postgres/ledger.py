@@ -13,44 +13,22 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool
 
 from importer.adapters.postgres.migrations import applied_version, latest_version, migrate
-from importer.domain.errors import DomainError, LedgerUnreachable
+from importer.adapters.postgres.errors import LedgerUnavailable, ledger_errors
+from importer.adapters.postgres.sync import LedgerSyncReads
+from importer.domain.errors import LedgerUnreachable
 from importer.domain.jobs import ShipmentRecord
 from importer.domain.ledger import (
-    ArchivedShipment, JournalEntry, LedgerMovement, LedgerShipment, MovementFilter, Position, ReceiptSource,
-    StreamId, movements,
+    ArchivedShipment, JournalEntry, LedgerMovement, LedgerPosition, LedgerShipment, MovementFilter, Position,
+    ReceiptSource, StreamId, movements,
 )
 
 _MOVEMENT_COLUMNS = (
     "location", "batch_id", "line", "sku", "before", "quantity", "after", "owner", "applied_at_ms",
     "journal_ms", "journal_seq",
 )
-
-
-class LedgerUnavailable(LedgerUnreachable):
-    """PostgreSQL did not answer (down, refusing, read-only, timed out): ``503
-    ledger.unavailable``; the message stays in logs."""
-
-
-class LedgerRefusedInput(DomainError):
-    """PostgreSQL refused a value it was given (a NUL byte, a number out of its range):
-    the request's fault, ``422 request.invalid``. The handlers check every value
-    before a query is made, so this is their safety net, never a ``500`` or a ``503``."""
-
-    code = "request.invalid"
-
-
-@contextmanager
-def ledger_errors() -> Iterator[None]:
-    try:
-        yield
-    # UndefinedTable: the schema is not migrated yet (the exporter, or a process's start, migrates it).
-    except (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction, psycopg.errors.UndefinedTable, PoolTimeout) as exc:
-        raise LedgerUnavailable(f"{type(exc).__name__}: {exc}") from exc
-    except psycopg.DataError as exc:
-        raise LedgerRefusedInput(f"{type(exc).__name__}: {exc}") from exc
 
 
 class LedgerReads:
@@ -228,6 +206,8 @@ class PostgresExportClaim:
         self.conn = conn
         self.location = location
         self.cursor = cursor
+        #: batchIds this claim met applied a second time (already held under another journal id).
+        self.second_applications: list[str] = []
 
     def write(self, entries: list[JournalEntry], receipts: ReceiptSource) -> list[str]:
         # Idempotent by primary key: a shipment already in the ledger is left as it is.
@@ -251,6 +231,17 @@ class PostgresExportClaim:
         inserted = {str(r[0]) for r in rows}
         missing: list[str] = []
         fresh = [e for e in entries if e.batch_id in inserted]
+        if len(fresh) < len(entries):
+            # Held already: the same entry written again after a crash (the same journal id), or a
+            # second application of the batch (another journal id: Redis was behind the ledger).
+            held = self.conn.execute(
+                "SELECT batch_id, journal_ms, journal_seq FROM ledger_shipments WHERE location = %s AND batch_id = ANY(%s)",
+                (self.location, [e.batch_id for e in entries if e.batch_id not in inserted]),
+            ).fetchall()
+            first = {str(r[0]): (int(r[1]), int(r[2])) for r in held}
+            self.second_applications += [
+                e.batch_id for e in entries if e.batch_id not in inserted and first.get(e.batch_id, e.stream_id) != e.stream_id
+            ]
         if not fresh:
             return missing
         with self.conn.cursor() as cur:
@@ -290,7 +281,7 @@ class PostgresExportClaim:
         self.cursor = to
 
 
-class PostgresLedger(LedgerReads):
+class PostgresLedger(LedgerReads, LedgerSyncReads):
     """The Ledger port, plus the history reads of the API and the checks of the operator."""
 
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8, connect_timeout: float = 5) -> None:

@@ -65,10 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=commands.cmd_events)
 
     p = sub.add_parser("ledger", help="the exporter: copy applied shipments into the ledger (PostgreSQL), then trim Redis")
-    p.add_argument("action", nargs="?", choices=("run", "verify"), default="run",
-                   help="run: the exporter (default); verify: check the ledger against Redis, exit 1 on drift")
+    p.add_argument("action", nargs="?", choices=("run", "verify", "restore"), default="run",
+                   help="run: the exporter (default); verify: check the ledger against Redis, exit 1 on drift; "
+                        "restore: bring Redis forward from the ledger where it is behind")
     p.add_argument("--once", action="store_true", help="run: export until caught up, trim, then exit")
-    p.add_argument("--location", default=None, help="verify: only this location (default: every one)")
+    p.add_argument("--location", default=None, help="verify, restore: only this location (default: every one)")
+    p.add_argument("--dry-run", action="store_true", help="restore: say what it would write, write nothing")
     p.add_argument("--max-lag", type=float, default=60.0, metavar="SECONDS",
                    help="verify: drift when an applied shipment waits for the exporter longer than this (default 60)")
     p.set_defaults(func=lambda a: _ledger(a))
@@ -132,8 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _ledger(args: argparse.Namespace) -> int:
-    from importer.adapters.processes.ledger import cmd_ledger, cmd_ledger_verify
+    from importer.adapters.processes.ledger import cmd_ledger, cmd_ledger_restore, cmd_ledger_verify
 
+    if args.action == "restore":
+        return cmd_ledger_restore(args.location, args.dry_run)
     return cmd_ledger_verify(args.location, args.max_lag) if args.action == "verify" else cmd_ledger(args.once)
 
 
@@ -147,7 +151,7 @@ def _beside_dev(args: argparse.Namespace) -> None:
     from importer.adapters.dev_state import data_folder
     from importer.adapters.command_settings import adopt_running_dev
 
-    store = args.command in _STORE_BESIDE_DEV or (args.command == "ledger" and args.action == "verify")
+    store = args.command in _STORE_BESIDE_DEV or (args.command == "ledger" and args.action in ("verify", "restore"))
     if not store and args.command not in _API_BESIDE_DEV:
         return
     env = adopt_running_dev()

@@ -17,11 +17,14 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from importer.adapters.logs import log_event
-from importer.adapters.postgres.ledger import LedgerUnavailable, PostgresLedger
+from importer.adapters.postgres.errors import LedgerUnavailable
+from importer.adapters.postgres.ledger import PostgresLedger
+from importer.adapters.processes.ledger_sync import LedgerSync
 from importer.adapters.redis.errors import StoreUnavailable
 from importer.adapters.redis.store import RedisStore
 from importer.adapters.settings import Settings
@@ -44,6 +47,24 @@ class Exporter:
     settings: Settings
     exported: int = 0
     failures: int = field(default=0)
+    #: [ledger] when this exporter last checked that Redis is not behind the ledger (monotonic s)
+    checked_at: float = field(default=0.0)
+
+    def behind(self) -> set[str]:
+        """The locations whose Redis is behind the ledger: checked (at most once a second) and
+        marked, then, with IMPORTER_LEDGER_AUTO_RESTORE, brought forward (ledger_sync.py).
+        Nothing is exported where a mark remains."""
+        sync = LedgerSync(self.store, self.ledger)
+        if time.monotonic() - self.checked_at >= 1.0:
+            sync.check_and_renew()
+            self.checked_at = time.monotonic()
+        marked = set(self.store.behind_marks(self.store.locations()))
+        if self.settings.ledger_auto_restore:
+            for location in sorted(marked):
+                report = sync.restore(location)
+                if not report.held_elsewhere:
+                    marked.discard(location)
+        return marked
 
     def pass_once(self) -> int:
         """One pass over every location: export what is new (up to ledger_batch
@@ -51,8 +72,11 @@ class Exporter:
         Returns the entries this pass committed."""
         s = self.settings
         total = 0
+        behind = self.behind()
         now = self.store.server_time_ms()
         for location in self.store.locations():
+            if location in behind:
+                continue
             while True:
                 report = export_location(self.store, self.ledger, location, max_entries=s.ledger_batch, log=_log)
                 total += report.exported
@@ -139,7 +163,9 @@ class LedgerStatus:
     with no bound). A view not refreshed for ``stale_s`` (the refresh is stuck) is
     reported as down."""
 
-    def __init__(self, store: RedisStore, ledger: PostgresLedger, every_s: float = 1.0, stale_s: float = 5.0) -> None:
+    def __init__(self, store: RedisStore, ledger: PostgresLedger, every_s: float = 1.0, stale_s: float = 2.5,
+                 on_start: Callable[[], None] | None = None) -> None:
+        self.on_start = on_start
         self.store = store
         self.ledger = ledger
         self.every_s = every_s
@@ -156,7 +182,14 @@ class LedgerStatus:
                 lags = export_lags(self.store, self.ledger)
                 view: dict[str, Any] = {"up": True, "lagEntries": sum(lag.entries for lag in lags),
                                         "lagSeconds": round(max((lag.seconds for lag in lags), default=0.0), 3)}
-                per = {lag.location: {"lagEntries": lag.entries, "lagSeconds": round(lag.seconds, 3)} for lag in lags}
+                marks = self.store.behind_marks(self.store.locations())
+                if marks:  # [ledger] Redis behind the ledger there (ledger_sync.py)
+                    view["behind"] = [{"location": loc, "shipments": int(m.get("shipments") or 0),
+                                       "seconds": float(m.get("seconds") or 0), "reason": m.get("reason", "")}
+                                      for loc, m in sorted(marks.items())]
+                per = {lag.location: {"lagEntries": lag.entries, "lagSeconds": round(lag.seconds, 3),
+                                      "behindShipments": int(marks.get(lag.location, {}).get("shipments") or 0)}
+                       for lag in lags}
             except Exception:  # the ledger or Redis away: down, said as such
                 view, per = {"up": False, "lagEntries": None, "lagSeconds": None}, {}
             self._last, self._per_location, self._at = view, per, time.monotonic()
@@ -177,6 +210,8 @@ class LedgerStatus:
         if self._thread is None:  # started by the first probe, in the serving process (after any fork)
             with self._start_lock:
                 if self._thread is None:
+                    if self.on_start is not None:  # the process's view of the locations behind the ledger
+                        self.on_start()
                     self._thread = threading.Thread(target=self._refresh, name="ledger-status", daemon=True)
                     self._thread.start()
 
@@ -254,6 +289,44 @@ def cmd_ledger_verify(location: str | None, max_lag_s: float = VERIFY_MAX_LAG_S)
     print(f"ledger verify: clean at {checked} (movements chain and end at Redis's stock; every marker past the hot window "
           f"is in the ledger; no applied shipment waits for the exporter over {max_lag_s:g} s)")
     return 0
+
+
+def cmd_ledger_restore(location: str | None, dry_run: bool) -> int:
+    """`importer ledger restore [--location L] [--dry-run]`: bring Redis forward from the
+    ledger at each location found behind (or at ``location`` whatever the check says);
+    says what it did, or with --dry-run what it would do. Exit 1 when a location's lock
+    is held by another restore."""
+    from importer.adapters.logs import configure_logging
+
+    configure_logging()
+    settings = Settings.from_env()
+    exporter = build_exporter(settings)
+    sync = LedgerSync(exporter.store, exporter.ledger)
+    if settings.fault:  # tests only: the restore stopped or killed at a chosen point
+        from importer.adapters.bootstrap import fault_points
+
+        sync.marker_chunk, sync.fault = 20, fault_points(settings.fault)
+    try:
+        behind = sync.check()
+        if location is None:
+            marked = set(exporter.store.behind_marks(exporter.store.locations()))
+            locations = sorted(set(behind) | marked)
+        else:
+            locations = [location]
+        for b in behind.values():
+            print(f"{b.location}: behind the ledger by {b.shipments} shipment(s) over {b.seconds:.1f} s ({b.reason})")
+        if not locations:
+            print("ledger restore: no location is behind the ledger; nothing to do")
+            return 0
+        held = False
+        for where in locations:
+            report = sync.restore(where, dry_run=dry_run)
+            held = held or report.held_elsewhere
+            print(("dry run: " if dry_run else "") + report.line())
+        return 1 if held else 0
+    finally:
+        exporter.ledger.close()
+        exporter.store.client.close()
 
 
 def cmd_ledger(once: bool) -> int:

@@ -98,7 +98,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def _doctor_ledger(store: RedisStore, settings: Settings, line: Callable[[str, str, str], None]) -> None:
     """[ledger] The ledger's schema and how far it is behind each location's journal."""
-    from importer.adapters.postgres.ledger import LedgerUnavailable, PostgresLedger
+    from importer.adapters.postgres.errors import LedgerUnavailable
+    from importer.adapters.postgres.ledger import PostgresLedger
     from importer.adapters.processes.ledger import export_lags
 
     if not settings.database_url:
@@ -110,6 +111,17 @@ def _doctor_ledger(store: RedisStore, settings: Settings, line: Callable[[str, s
         have, want = ledger.schema_status()
         line("ok" if have == want else "FAIL", "ledger schema",
              f"version {have}" + ("" if have == want else f", this release needs {want} (start `importer ledger` to migrate)"))
+        from importer.adapters.processes.ledger_sync import LedgerSync
+
+        behind = LedgerSync(store, ledger).check()
+        marked = store.behind_marks(store.locations())
+        for location in sorted(set(behind) | set(marked)):
+            b = behind.get(location)
+            said = (f"behind the ledger by {b.shipments} shipment(s) over {b.seconds:.1f} s ({b.reason})" if b is not None
+                    else f"marked behind the ledger ({marked[location].get('reason', '')}): being brought forward")
+            line("FAIL", f"redis at {location}", said + "; `importer ledger restore` brings it forward")
+        if not behind and not marked:
+            line("ok", "redis against the ledger", "no location lacks a shipment the ledger holds")
         for lag in export_lags(store, ledger):
             late = lag.seconds > 60
             line("warn" if late else "ok", f"ledger lag at {lag.location}",

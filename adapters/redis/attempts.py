@@ -21,7 +21,7 @@ from importer.domain.stock import MAX_STOCK
 
 
 #: start_apply.lua's layout: how many shared KEYS, KEYS per import, and shared ARGV.
-TOGETHER_LAYOUT = (18, 5, 12)
+TOGETHER_LAYOUT = (18, 5, 13)
 
 #: The ledger's word on a batch, as apply.lua takes it (ARGV[14..16]): not asked.
 NOT_ASKED = ("", "", "")
@@ -64,6 +64,7 @@ class AttemptSteps(RedisStoreBase):
         """start.lua's KEYS and ARGV."""
         k, s = self.partition_of(job_id), self.settings
         keys, args = self._job_step(job_id)
+        args[2] = self._gate
         keys += [k.upload(upload_id), k.waiting, k.unsent, k.deadline, k.fence]
         args += [
             upload_id, s.max_attempts, error_json("import.attempts_exhausted"),
@@ -87,9 +88,24 @@ class AttemptSteps(RedisStoreBase):
                 return StartOutcome(kind, int(reply[1] or 0), state="active" if kind == "busy" else "")
             case "missing" | "stale":
                 return StartOutcome(kind)
+            case "behind":  # [ledger] not verified against the ledger lately: an outage, retried
+                raise StoreUnavailable("this location's Redis was not verified against the ledger lately", "behind_ledger")
         raise ValueError(f"start.lua replied {kind!r}")  # none of its replies: a bug
 
+    @property
+    def _gate(self) -> str:
+        """[ledger] start.lua's gate: on ('1') wherever a ledger is configured."""
+        return "1" if self.settings.database_url else ""
+
+    def _refuse_behind(self, job_id: str) -> None:
+        """[ledger] No attempt starts or applies at a location whose Redis is behind the
+        ledger: an outage (retried, never counted) until the restore brings it forward."""
+        location = location_of_job(job_id)
+        if self.behind(location):
+            raise StoreUnavailable(f"location {location} is behind the ledger: waiting for its restore", "behind_ledger")
+
     def start_attempt(self, job_id: str, upload_id: str) -> StartOutcome:
+        self._refuse_behind(job_id)
         keys, args = self._start_args(job_id, upload_id)
         with store_errors():
             reply = self._script("start", keys=keys, args=args)
@@ -147,6 +163,7 @@ class AttemptSteps(RedisStoreBase):
     def _validated_and_apply(
         self, *, job_id: str, upload_id: str, attempt: int, batch_id: str, owner: str, shipment: Shipment, token: str,
     ) -> ApplyResult:
+        self._refuse_behind(job_id)
         ledger = NOT_ASKED
         for _ in range(LEDGER_ASKS):
             keys, args = self._apply_args(
@@ -186,6 +203,7 @@ class AttemptSteps(RedisStoreBase):
     def _start_and_apply_together(
         self, imports: Sequence[OneStepImport],
     ) -> list[tuple[StartOutcome, ApplyResult | None]]:
+        self._refuse_behind(imports[0].job_id)  # one partition per call
         outcomes: list[tuple[StartOutcome, ApplyResult | None] | None] = [None] * len(imports)
         words: dict[str, tuple[str, str, str]] = {}
         pending = list(range(len(imports)))
@@ -241,7 +259,7 @@ class AttemptSteps(RedisStoreBase):
             s.events_maxlen, s.max_attempts, error_json("import.attempts_exhausted"),
             int(s.attempt_lease_s * 1000), int((s.time_limit_s + s.stall_margin_s) * 1000),
             error_json("import.upload_missing"), MAX_STOCK, error_json("batch.conflict"), error_json("stock.overflow"),
-            acks[0].worker_id if acks else "", int(time.time() * 1000), len(imports),
+            acks[0].worker_id if acks else "", int(time.time() * 1000), self._gate, len(imports),
         ]
         assert (len(keys), len(args)) == (TOGETHER_LAYOUT[0], TOGETHER_LAYOUT[2])
         for one in imports:

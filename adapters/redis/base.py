@@ -45,6 +45,9 @@ class RedisStoreBase:
         self.archive: ArchiveLookup | None = None
         #: [ledger] Where owner reads find a shipment Redis no longer holds; None: no ledger.
         self.history: ShipmentHistory | None = None
+        #: [ledger] Whether a location's Redis is behind the ledger (adapters/processes/ledger_sync.py
+        #: SyncWatch): nothing is enqueued or applied there until it is brought forward.
+        self.behind: Callable[[str], bool] = lambda location: False
         self._scripts = {name: client.register_script(lua_source(name)) for name in SCRIPT_NAMES}
 
     def partition(self, location: str) -> Keys:

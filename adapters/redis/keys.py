@@ -142,6 +142,11 @@ class Keys:
         #: [ledger] zset batchId -> appliedAt ms: done markers whose journal entry and receipt the
         #: ledger holds and Redis dropped (ledger_trim.lua), to prune past the idempotency horizon.
         self.ledger_markers = f"{prefix}ledger:markers"
+        #: [ledger] hash: this location's Redis was found behind the ledger (since, shipments, seconds,
+        #: reason); intake, applies and the export wait until the restore deletes it (adapters/redis/sync.py).
+        self.ledger_behind = f"{prefix}ledger:behind"
+        #: [ledger] string: the restore's lock (a token with a TTL).
+        self.ledger_restoring = f"{prefix}ledger:restoring"
 
     def job(self, job_id: str) -> str:
         return f"{self.prefix}job:{job_id}"

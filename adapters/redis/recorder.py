@@ -143,6 +143,8 @@ class JobRecorder(RedisStoreBase):
         """enqueue.lua's keys and arguments for one job, or the refusal of
         admit.lua at a location but main (its own round trip, first)."""
         k, s = self.partition_of(job_id), self.settings
+        if self.behind(k.location):  # [ledger] nothing is taken where Redis lacks what the ledger holds
+            return EnqueueOutcome("behind")
         # The owner's rate-limit token, in the script's first step (rate_token), as take_rate_token takes it.
         window_ms = max(1, int(s.rate_window_s * 1000))
         rate_limit = s.rate_limit if rate_token and s.rate_limit > 0 else 0

@@ -17,7 +17,7 @@ DURATION_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30
 SCRIPT_NAMES = (
     "enqueue", "start", "apply", "start_apply", "fail", "read_owned", "read_receipt", "read_rejections",
     "reconcile_due", "reconcile", "retain_index", "retain_drop", "renew", "presence", "retry", "admit", "live_workers",
-    "mark_sent", "ledger_trim", "ledger_prune", "ops_overview", "enqueue_many", "receipt_heads",
+    "mark_sent", "ledger_trim", "ledger_prune", "ops_overview", "enqueue_many", "receipt_heads", "sync_position", "ledger_verified",
 )
 
 #: Scripts that run other scripts' bodies as local functions (name -> the

@@ -11,7 +11,8 @@ here into the one object the composition root builds:
 * :class:`~importer.adapters.redis.reads.JobReads`: owner-scoped reads;
 * :class:`~importer.adapters.redis.upkeep.StoreUpkeep`: reconciler, presence, metrics, health;
 * :class:`~importer.adapters.redis.outbox.LedgerOutbox`: the ledger's outbox (journal, receipts), trimmed once exported;
-* :class:`~importer.adapters.redis.ops.OpsReads`: the operators' view and actions.
+* :class:`~importer.adapters.redis.ops.OpsReads`: the operators' view and actions;
+* :class:`~importer.adapters.redis.sync.LedgerSyncSide`: where Redis stands against the ledger, and its restore.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from importer.adapters.redis.attempts import AttemptSteps
 from importer.adapters.redis.ops import OpsReads
 from importer.adapters.redis.outbox import LedgerOutbox
 from importer.adapters.redis.reads import JobReads
+from importer.adapters.redis.sync import LedgerSyncSide
 from importer.adapters.redis.recorder import JobRecorder
 from importer.adapters.redis.upkeep import StoreUpkeep
 
 
-class RedisStore(JobRecorder, AttemptSteps, JobReads, StoreUpkeep, LedgerOutbox, OpsReads):
+class RedisStore(JobRecorder, AttemptSteps, JobReads, StoreUpkeep, LedgerOutbox, OpsReads, LedgerSyncSide):
     """All of Importer's Redis state behind one object.
 
     With ``messages`` (the producer on the Redis transport, when the broker

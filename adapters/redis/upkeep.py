@@ -172,7 +172,8 @@ class StoreUpkeep(RedisStoreBase):
             if first and (oldest is None or first[0][1] < oldest):
                 oldest = first[0][1]
             for key, v in raw.items():
-                stats[text_of(key)] = stats.get(text_of(key), 0) + int(v)
+                if not text_of(key).startswith("ledger:"):  # the ledger's gate (ledger_verified.lua), no count
+                    stats[text_of(key)] = stats.get(text_of(key), 0) + int(v)
         age = max(0.0, (self._now() - oldest) / 1000) if oldest is not None else 0.0
         return QueueStats(waiting, age, active, stats)
 

@@ -101,7 +101,9 @@
       cell(tr, String(row.retrying));
       cell(tr, String(row.stalls));
       failures(tr, row.failures, row.location);
-      cell(tr, row.ledger ? row.ledger.lagEntries + " (" + seconds(row.ledger.lagSeconds) + ")" : view.ledgerUp === null ? "no ledger" : "ledger down");
+      cell(tr, row.ledger && row.ledger.behindShipments
+        ? "Redis behind the ledger by " + row.ledger.behindShipments + ": being brought forward"
+        : row.ledger ? row.ledger.lagEntries + " (" + seconds(row.ledger.lagSeconds) + ")" : view.ledgerUp === null ? "no ledger" : "ledger down");
       cell(tr, row.intakePaused ? "paused" : "running");
       locations.appendChild(tr);
     }

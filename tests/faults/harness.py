@@ -73,18 +73,20 @@ def documented_bound(env: dict[str, str]) -> float:
 class RedisServer:
     """One redis-server of our own: it can be SIGKILLed, SIGSTOPped, restarted on its AOF."""
 
-    def __init__(self, workdir: Path, *, fsync: str = "always") -> None:
+    def __init__(self, workdir: Path, *, fsync: str = "always", rdb: bool = False) -> None:
         self.dir = workdir / "redis-data"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.fsync = fsync
+        #: RDB snapshots only (SAVE writes dump.rdb; a start loads it), no AOF: a backup to restore.
+        self.rdb = rdb
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
         args = [
             REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
-            "--appendonly", "yes", "--appendfsync", self.fsync, "--save", "",
+            *(["--appendonly", "no"] if self.rdb else ["--appendonly", "yes", "--appendfsync", self.fsync]), "--save", "",
             "--maxmemory-policy", "noeviction", "--daemonize", "no", "--logfile", str(self.dir / "redis.log"),
         ]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

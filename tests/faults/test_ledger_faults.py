@@ -140,7 +140,17 @@ def test_a_postgres_fault_mid_export_loses_nothing_and_doubles_nothing(
         time.sleep(1.5)
         store = system.store()
         before = int(store.client.hget(store.partition("main").stock, "PGF-ALL") or 0)
-        fault(postgres)
+        if fault is stop_for_30s:
+            # Imports go on past the first seconds of a hung ledger too (start.lua's gate
+            # is renewed on the Redis last verified, without the ledger: ledger_sync.py).
+            signal_server(postgres, signal.SIGSTOP)
+            time.sleep(10)
+            late = int(store.client.hget(store.partition("main").stock, "PGF-ALL") or 0)
+            time.sleep(20)
+            assert int(store.client.hget(store.partition("main").stock, "PGF-ALL") or 0) > late, "imports stopped"
+            signal_server(postgres, signal.SIGCONT)
+        else:
+            fault(postgres)
         applied_during.append(int(store.client.hget(store.partition("main").stock, "PGF-ALL") or 0) - before)
         time.sleep(1.5)
         stop.set()

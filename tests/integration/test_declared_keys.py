@@ -222,6 +222,10 @@ def _exercise_every_script(store: ProbeStore) -> None:
     now = store.server_time_ms()
     assert store.trim_exported("main", (now + 1, 0), now + 1) >= 2
     store.prune_markers("main", now + 1, recheck_ms=1000)
+    # [ledger] Where this Redis stands against the ledger (a batch with a marker, a pruned one, none).
+    assert store.redis_position("main", entries[0].batch_id).journal_last >= entries[-1].stream_id
+    store.redis_position("main", "never-applied")
+    assert store.renew_gate("main", verified=True, ttl_ms=1000) and store.renew_gate("main", verified=False, ttl_ms=1000)
 
 
 def test_no_script_touches_a_key_it_did_not_declare(store: ProbeStore, redis_url: str) -> None:

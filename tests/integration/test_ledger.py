@@ -452,3 +452,30 @@ def test_verify_fails_while_the_exporter_is_sigkilled_past_the_bound(make_system
     assert late.returncode == 1 and "main: 3 applied shipment(s) not in the ledger" in late.stdout, late.stdout + late.stderr
     system.start_ledger()
     wait_for(lambda: run_cli(system, "ledger", "verify", "--max-lag", "1").returncode == 0, 60, 0.5, message="clean again")
+
+
+def test_a_second_application_the_exporter_meets_is_an_alarm_and_never_exported(make_system: Any, make_database: Any) -> None:
+    """Forced by hand: the journal gets a second entry for a batch the ledger holds already
+    (as a Redis behind the ledger would write when it applied it again). The exporter keeps
+    the ledger's first and logs ledger.second_application at error, naming the batch; it
+    used to drop it without a word."""
+    db = make_database()
+    system = make_system(IMPORTER_DATABASE_URL=db, IMPORTER_LEDGER_INTERVAL="0.05")
+    system.start_worker()
+    system.start_http()
+    exporter = system.start_ledger()
+    import_and_wait(system, "twice-1", shipment({"TW-A": 4}))
+    wait_for(lambda: "ledger.exported" in exporter.log(), 30, message="exported")
+    store = system.store()
+    k = store.partition("main")
+    marker = {key.decode(): value.decode() for key, value in store.client.hgetall(k.done("twice-1")).items()}
+    store.client.xadd(k.journal, {"batchId": "twice-1", "jobId": marker["jobId"], "owner": marker["owner"],
+                                  "contentSha256": marker["contentSha256"], "appliedAt": marker["appliedAt"],
+                                  "result": marker["result"]})
+    store.client.set(k.receipt("twice-1"), "TW-A,4,4\n")
+    wait_for(lambda: "ledger.second_application" in exporter.log(), 30, message="the alarm")
+    line = next(json.loads(l) for l in exporter.log().splitlines() if "ledger.second_application" in l)
+    assert line["level"] == "error" and line["batchId"] == "twice-1" and line["location"] == "main", line
+    with psycopg.connect(db) as conn:
+        rows = conn.execute("SELECT before, quantity, after FROM ledger_movements WHERE batch_id = 'twice-1'").fetchall()
+    assert rows == [(0, 4, 4)]  # the first application only

@@ -62,8 +62,9 @@
 --   KEYS[1] P:job:<jobId>   KEYS[2] P:events   KEYS[3] P:jobs:active
 --   KEYS[4] P:jobs:failed   KEYS[5] P:stats    KEYS[6] P:events:<jobId>
 --   KEYS[7] P:jobs:finished:new
---   ARGV[1] jobId  ARGV[2] events maxlen  ARGV[3..8] '' (not read: they held retention's
---   name prefixes and limits; kept so that each step's own ARGV keep their numbers)
+--   ARGV[1] jobId  ARGV[2] events maxlen  ARGV[3] start.lua's gate ('1' with a ledger; else '')
+--   ARGV[4..8] '' (not read: they held retention's name prefixes and limits; kept so
+--   that each step's own ARGV keep their numbers)
 --
 -- Every key a script reads or writes is in its KEYS (Redis Cluster's rule:
 -- a slot can then move while the scripts run, see docs/scaling-out.md); no

@@ -1,6 +1,6 @@
 -- start.lua: begin one attempt of a job and hand its upload to the worker.
 --
--- KEYS[1..7], ARGV[1..8]: the job-step header (common.lua), then
+-- KEYS[1..7], ARGV[1..8]: the job-step header (common.lua; its third ARGV is the gate below), then
 -- KEYS[8] P:upload:<uploadId from the message>   KEYS[9] P:jobs:waiting   KEYS[10] P:jobs:unsent
 -- ARGV[9] uploadId  ARGV[10] maxAttempts  ARGV[11] public error JSON for exhausted attempts
 -- KEYS[11] P:jobs:deadline   KEYS[12] P:fence (the fencing token counter)
@@ -21,8 +21,18 @@
 -- Returns {'started', attempt, batchId, owner, contentSha256, csv, token, now}
 --       | {'missing'} | {'stale'} | {'finished', state} | {'exhausted', attempt}
 --       | {'upload_missing', attempt} (recorded failed here) | {'busy', attempt}
+--       | {'behind'} [ledger] (nothing changed: not verified against the ledger lately)
 
 local step = job_step(KEYS, ARGV)
+-- [ledger] The gate (adapters/processes/ledger_sync.py): with a ledger, no attempt starts
+-- unless this Redis was found at or ahead of the ledger lately (P:stats ledger:verifiedUntil,
+-- renewed every second). A Redis restored from an older snapshot, emptied, or a replica
+-- promoted after it lagged holds no such time in the future: nothing applies there
+-- before the check has run, and a location found behind is not renewed until restored.
+if ARGV[3] == '1' then
+  local verified_until = tonumber(redis.call('HGET', step.stats, 'ledger:verifiedUntil'))
+  if not verified_until or verified_until < step.now then return {'behind'} end
+end
 local upload_id, max_attempts = ARGV[9], tonumber(ARGV[10])
 local rec = redis.call('HMGET', step.key, 'state', 'uploadId', 'batchId', 'owner', 'contentSha256', 'startedAt',
   'outages', 'stalls', 'attempt')

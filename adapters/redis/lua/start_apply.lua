@@ -29,7 +29,7 @@
 --   ARGV[4] lease ms   ARGV[5] cap ms   ARGV[6] public error JSON for a missing upload
 --   ARGV[7] maxStock   ARGV[8] ... for a conflict   ARGV[9] ... for an overflow
 --   ARGV[10] the dramatiq worker id   ARGV[11] the worker's clock in ms (its heartbeat, as dramatiq's ack)
---   ARGV[12] how many imports
+--   ARGV[12] '1': [ledger] start.lua's gate   ARGV[13] how many imports
 --   per import: jobId, uploadId, batchId, contentSha256, the dramatiq message's
 --   redis_message_id ('' = do not acknowledge), [ledger] the ledger's word on
 --   the batch (apply.lua's ARGV[14..16]: '' '' '' when not asked), the number
@@ -49,9 +49,9 @@
 --
 -- Returns per import, in order: {start reply (its csv ''), apply reply or {}, 1 if acknowledged else 0}
 
-local SHARED_KEYS, PER_IMPORT_KEYS, SHARED_ARGV = 18, 5, 12
+local SHARED_KEYS, PER_IMPORT_KEYS, SHARED_ARGV = 18, 5, 13
 local acks_key, messages_key, heartbeats_key = KEYS[14], KEYS[15], KEYS[16]
-local count = tonumber(ARGV[12])
+local count = tonumber(ARGV[13])
 
 -- Every import of the call reads one clock; the fencing tokens of the whole call are taken at once.
 local t = redis.call('TIME')
@@ -80,11 +80,11 @@ for i = 1, count do
   local combined = {ledger = ledger}
   local started = start_step(
     {job_key, KEYS[1], KEYS[2], KEYS[3], KEYS[4], job_events, KEYS[5], upload_key, KEYS[6], KEYS[7], KEYS[8], KEYS[9]},
-    {job_id, ARGV[1], '', '', '', '', '', '', upload_id, ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]},
+    {job_id, ARGV[1], ARGV[12], '', '', '', '', '', upload_id, ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]},
     combined)
   local applied, acked = {}, 1
   if started[1] ~= 'started' then
-    if started[1] == 'upload_missing' then acked = 0 end
+    if started[1] == 'upload_missing' or started[1] == 'behind' then acked = 0 end
   else
     -- {'started', attempt, batchId, owner, contentSha256, csv (''), token, now}
     local apply_keys = {job_key, KEYS[1], KEYS[2], KEYS[3], KEYS[4], job_events, KEYS[5],

@@ -1,0 +1,197 @@
+"""Redis coming back behind the ledger, with real servers and processes: a
+redis-server of the test's own (RDB snapshots), the session's PostgreSQL,
+`importer serve`, a worker and `importer ledger`.
+
+* restored from an older snapshot: SAVE after shipments A, shipments B
+  applied and exported, everything stopped, the older dump.rdb put back;
+* emptied: a Redis with no data in front of the ledger that holds A and B.
+
+Each time: the location is caught as behind before it takes a shipment (a
+POST answers 503 store.behind_ledger, /health and `importer doctor` say so),
+`importer ledger restore` (or the exporter by itself) brings it forward; then
+stock per SKU is the sum of the ledger's distinct shipments, every re-POST of
+an old batch is a replay (other content: 409), receipts read the same bytes,
+`importer ledger verify` is clean, and no POST got a 500."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from importer.domain.shipment import job_id_for
+from tests.faults.harness import FAULT_ENV, RedisServer
+from tests.integration.support import ROOT, System, wait_for
+
+pytestmark = pytest.mark.faults
+
+SKUS = [f"RB-{i}" for i in range(8)]
+
+
+def shipment(i: int) -> bytes:
+    return f"sku,quantity\n{SKUS[i % 8]},{i % 5 + 1}\n{SKUS[(i + 3) % 8]},2\n".encode()
+
+
+def send(system: System, batches: range, statuses: Counter[int]) -> None:
+    for i in batches:
+        status, body = system.post_csv(f"rb-{i}", shipment(i))
+        statuses[status] += 1
+        assert status == 202, body
+    for i in batches:
+        assert system.wait_state(job_id_for(f"rb-{i}"), timeout=60)["state"] == "completed"
+
+
+def exported(db: str, count: int) -> None:
+    def done() -> bool:
+        with psycopg.connect(db) as conn:
+            row = conn.execute("SELECT count(*) FROM ledger_shipments WHERE location = 'main'").fetchone()
+        return bool(row and row[0] == count)
+    wait_for(done, 60, 0.1, message=f"{count} shipments in the ledger")
+
+
+def ledger_stock(db: str) -> dict[str, int]:
+    with psycopg.connect(db) as conn:
+        rows = conn.execute("SELECT sku, sum(quantity) FROM ledger_movements WHERE location = 'main' GROUP BY sku").fetchall()
+    return {str(r[0]): int(r[1]) for r in rows}
+
+
+def cli(system: System, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "importer.adapters.processes.cli", *args], env=system.env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def redis_stock(system: System) -> dict[str, int]:
+    store = system.store()
+    return {sku: units for sku, units in store.stock_all("main").items() if sku in SKUS}
+
+
+@pytest.mark.parametrize(("how", "kill_at"), [
+    ("older_snapshot", ""), ("emptied", ""),
+    ("older_snapshot", "restore_markers"), ("older_snapshot", "restore_stock"), ("emptied", "restore_clear"),
+], ids=["older_snapshot", "emptied", "killed_after_markers", "killed_after_stock", "killed_before_clear"])
+def test_redis_back_behind_the_ledger_is_caught_then_brought_forward(
+    tmp_path: Path, make_database: Any, how: str, kill_at: str,
+) -> None:
+    server = RedisServer(tmp_path / "redis", rdb=True)
+    server.start()
+    db = make_database()
+    system = System(server.url, tmp_path, env_overrides={
+        **FAULT_ENV, "IMPORTER_DATABASE_URL": db, "IMPORTER_LEDGER_INTERVAL": "0.05",
+        "IMPORTER_LEDGER_AUTO_RESTORE": "0",
+    })
+    statuses: Counter[int] = Counter()
+    try:
+        system.start_worker()
+        system.start_http()
+        system.start_ledger()
+        send(system, range(0, 37), statuses)  # A
+        # ...and 3 of them waiting when the snapshot is taken (no worker): the ledger will hold
+        # them applied, the snapshot waiting; they must end as replays, never apply twice
+        system.procs[0].terminate()
+        system.procs[0].wait_stopped()
+        for i in range(37, 40):
+            assert system.post_csv(f"rb-{i}", shipment(i))[0] == 202
+        server.client().save()
+        backup = tmp_path / "dump-after-a.rdb"
+        shutil.copy(server.dir / "dump.rdb", backup)
+        system.start_worker()
+        for i in range(37, 40):
+            assert system.wait_state(job_id_for(f"rb-{i}"), timeout=60)["state"] == "completed"
+        send(system, range(40, 80), statuses)  # B
+        exported(db, 80)
+        receipt_b = system.request("GET", "/api/shipments/rb-45/receipt")[2]
+        assert redis_stock(system) == ledger_stock(db)
+
+        system.stop_all()
+        system.procs.clear()
+        server.kill()
+        (server.dir / "dump.rdb").unlink()
+        if how == "older_snapshot":
+            shutil.copy(backup, server.dir / "dump.rdb")
+        server.start()
+        behind_stock = redis_stock(system)
+        assert behind_stock != ledger_stock(db)
+
+        # Caught before it takes a shipment: the HTTP process and the worker, with no exporter.
+        system.start_worker()
+        system.start_http()
+        wait_for(lambda: json.loads(system.request("GET", "/health", key=None)[2]).get("reason") == "store_behind_ledger",
+                 30, 0.1, message="/health says behind")
+        health = json.loads(system.request("GET", "/health", key=None)[2])
+        assert health["ledger"]["behind"][0]["location"] == "main", health
+        lacking = 43 if how == "older_snapshot" else 80  # B, and the 3 waiting in the snapshot
+        assert health["ledger"]["behind"][0]["shipments"] == lacking, health
+        for i in (41, 100):  # an old batch of B, and a new one: nothing taken
+            status, _, raw = system.request("POST", f"/api/imports?batchId=rb-{i}", body=shipment(i), ctype="text/csv")
+            statuses[status] += 1
+            assert status == 503 and json.loads(raw)["code"] == "store.behind_ledger", raw
+            assert system.request("GET", f"/api/imports/{job_id_for(f'rb-{i}')}")[0] == 404 or i == 41
+        assert redis_stock(system) == behind_stock
+        doctor = cli(system, "doctor")
+        assert "redis at main" in doctor.stdout and "behind the ledger by" in doctor.stdout, doctor.stdout
+        dry = cli(system, "ledger", "restore", "--dry-run")
+        assert dry.returncode == 0 and "dry run: main: the ledger holds 80 shipment(s)" in dry.stdout, dry.stdout + dry.stderr
+        assert redis_stock(system) == behind_stock  # a dry run writes nothing
+
+        if kill_at:  # SIGKILLed at that point: still marked, nothing taken; run again
+            log_path = tmp_path / "restore.log"
+            with open(log_path, "wb") as out:
+                killed = subprocess.Popen([sys.executable, "-m", "importer.adapters.processes.cli", "ledger", "restore"],
+                                          env={**system.env, "IMPORTER_FAULT": f"{kill_at}:60"}, cwd=ROOT,
+                                          stdout=out, stderr=subprocess.STDOUT)
+            wait_for(lambda: b"fault.injected" in log_path.read_bytes(), 60, 0.1, message=f"restore at {kill_at}")
+            killed.send_signal(signal.SIGKILL)
+            killed.wait(10)
+            status, _, raw = system.request("POST", "/api/imports?batchId=rb-101", body=shipment(101), ctype="text/csv")
+            statuses[status] += 1
+            assert status == 503 and json.loads(raw)["code"] == "store.behind_ledger", raw
+            system.store().client.delete(system.store().partition("main").ledger_restoring)  # its lock would expire in 60 s
+        restored = cli(system, "ledger", "restore")
+        assert restored.returncode == 0, restored.stdout + restored.stderr
+        if not kill_at:
+            assert f"wrote {lacking} done marker(s)" in restored.stdout, restored.stdout
+        assert redis_stock(system) == ledger_stock(db)
+        assert cli(system, "ledger", "restore").stdout.startswith("ledger restore: no location is behind")  # idempotent
+        wait_for(lambda: json.loads(system.request("GET", "/health", key=None)[2])["status"] == "ok", 30, 0.1)
+
+        if how == "older_snapshot":  # waiting in the snapshot, applied in the ledger: replays, never twice
+            for i in range(37, 40):
+                record = system.wait_state(job_id_for(f"rb-{i}"), timeout=60)
+                assert record["state"] == "completed" and record["result"].get("replay") is True, record
+        # Every old batch is a replay, other content a conflict; receipts read the same bytes.
+        for i in range(1, 80, 4):
+            status, body = system.post_csv(f"rb-{i}", shipment(i))
+            statuses[status] += 1
+            assert status == 202, body
+            record = system.wait_state(job_id_for(f"rb-{i}"), timeout=60)
+            # A's jobs are in the older snapshot: the same job again; every other one replays
+            kept = how == "older_snapshot" and i < 37
+            assert record["state"] == "completed" and record["result"].get("replay") is (None if kept else True), record
+        status, body = system.post_csv("rb-50", b"sku,quantity\nRB-0,999\n")
+        statuses[status] += 1
+        assert status == 409 and body["code"] == "batch.conflict", body
+        assert system.request("GET", "/api/shipments/rb-45/receipt")[2] == receipt_b
+        send(system, range(100, 110), statuses)  # new shipments apply on the restored stock
+        system.start_ledger()
+        exported(db, 90)
+        assert redis_stock(system) == ledger_stock(db)
+        verified = cli(system, "ledger", "verify")
+        assert verified.returncode == 0, verified.stdout + verified.stderr
+        with psycopg.connect(db) as conn:
+            row = conn.execute("SELECT count(*), count(DISTINCT batch_id) FROM ledger_shipments").fetchone()
+        assert row == (90, 90)
+        assert statuses[500] == 0, statuses
+        print(f"[faults] redis {how}: behind by {health['ledger']['behind'][0]['shipments']} shipments, restored; "
+              f"statuses {dict(statuses)}")
+    finally:
+        system.stop_all()
+        server.stop()
