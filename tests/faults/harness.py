@@ -80,6 +80,8 @@ class RedisServer:
         self.fsync = fsync
         #: RDB snapshots only (SAVE writes dump.rdb; a start loads it), no AOF: a backup to restore.
         self.rdb = rdb
+        #: More redis-server arguments (``--replicaof HOST PORT``).
+        self.extra: list[str] = []
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = f"redis://127.0.0.1:{self.port}/0"
 
@@ -88,6 +90,7 @@ class RedisServer:
             REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
             *(["--appendonly", "no"] if self.rdb else ["--appendonly", "yes", "--appendfsync", self.fsync]), "--save", "",
             "--maxmemory-policy", "noeviction", "--daemonize", "no", "--logfile", str(self.dir / "redis.log"),
+            *self.extra,
         ]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
