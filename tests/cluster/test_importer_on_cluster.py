@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from importer.adapters.bootstrap import clock_ms, redis_client
 from importer.adapters.redis.keys import Keys
@@ -509,3 +510,71 @@ def test_an_evicting_master_anywhere_is_refused(redis_cluster: LocalCluster, tmp
     finally:
         master.config_set("maxmemory-policy", "noeviction")
         master.close()
+
+
+def test_a_location_whose_partition_came_back_empty_is_caught_alone_and_brought_forward(
+    redis_cluster: LocalCluster, tmp_path: Path, make_database: Any,
+) -> None:
+    """[ledger] One location's partition emptied on its master (as a node that came back
+    without its data) while the others hold theirs: only that location is behind the
+    ledger (503 store.behind_ledger there), the others keep taking shipments, and
+    `importer ledger restore` brings it forward: its stock is the ledger's again."""
+    import psycopg
+
+    database = make_database()
+    system = cluster_system(redis_cluster, tmp_path, IMPORTER_DATABASE_URL=database, IMPORTER_LEDGER_INTERVAL="0.05",
+                            IMPORTER_LEDGER_AUTO_RESTORE="0")
+    locations = [loc for locs in declared(system, spread_locations(redis_cluster, system.prefix, per_master=1)).values()
+                 for loc in locs]
+    lost = next(loc for loc in locations if loc != MAIN)
+    try:
+        system.start_worker()
+        system.start_http()
+        system.start_ledger()
+        for loc in locations:
+            for i in range(5):
+                status, _, raw = system.request("POST", f"/api/imports?batchId=cl-{i}&location={loc}",
+                                                body=f"sku,quantity\nCL-{i % 2},{i + 1}\n".encode(), ctype="text/csv")
+                assert status == 202, raw
+        for loc in locations:
+            for i in range(5):
+                assert system.wait_state(job_id_for(f"cl-{i}", loc), timeout=60)["state"] == "completed"
+
+        def exported(count: int) -> bool:
+            with psycopg.connect(database) as conn:
+                row = conn.execute("SELECT count(*) FROM ledger_shipments").fetchone()
+            return bool(row and row[0] == count)
+        wait_for(lambda: exported(5 * len(locations)), 60, 0.2, message="exported")
+
+        node = redis_cluster.node_of_key(Keys(system.prefix, lost).stock)
+        direct = redis.Redis(port=node.port)
+        emptied = [key for key in direct.scan_iter(match=Keys(system.prefix, lost).prefix + "*", count=1000)]
+        assert emptied and direct.delete(*emptied) == len(emptied)
+        direct.close()
+        wait_for(lambda: json.loads(system.request("GET", "/health", key=None)[2]).get("reason") == "store_behind_ledger",
+                 30, 0.1, message="/health says behind")
+        behind = json.loads(system.request("GET", "/health", key=None)[2])["ledger"]["behind"]
+        assert [b["location"] for b in behind] == [lost], behind
+        status, _, raw = system.request("POST", f"/api/imports?batchId=cl-9&location={lost}", body=b"sku,quantity\nCL-0,1\n",
+                                        ctype="text/csv")
+        assert status == 503 and json.loads(raw)["code"] == "store.behind_ledger", raw
+        other = next(loc for loc in locations if loc != lost)
+        status, _, raw = system.request("POST", f"/api/imports?batchId=cl-9&location={other}", body=b"sku,quantity\nCL-0,1\n",
+                                        ctype="text/csv")
+        assert status == 202, raw
+        assert system.wait_state(job_id_for("cl-9", other), timeout=60)["state"] == "completed"
+
+        restored = subprocess.run([sys.executable, "-m", "importer.adapters.processes.cli", "ledger", "restore"],
+                                  env=system.env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert restored.returncode == 0 and f"{lost}: the ledger holds 5 shipment(s); wrote 5 done marker(s)" in restored.stdout, \
+            restored.stdout + restored.stderr
+        assert system.store().stock_of(["CL-0", "CL-1"], lost) == {"CL-0": 1 + 3 + 5, "CL-1": 2 + 4}
+        def replayed() -> bool:  # each process drops the mark from its view within a second
+            status, _, raw = system.request("POST", f"/api/imports?batchId=cl-3&location={lost}",
+                                            body=b"sku,quantity\nCL-1,4\n", ctype="text/csv")
+            assert status in (202, 503), raw
+            return status == 202
+        wait_for(replayed, 10, 0.2, message="taken again")
+        assert system.wait_state(job_id_for("cl-3", lost), timeout=60)["result"].get("replay") is True
+    finally:
+        system.stop_all()
