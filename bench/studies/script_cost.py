@@ -36,6 +36,7 @@ as one statement.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import random
 import re
@@ -158,10 +159,14 @@ def as_pruned(store: Any, job_id: str) -> None:
     pipe.execute()
 
 
-def one_round(bench: Bench, source: str, n: int, tag: str, together: int = 1, pruned: bool = False) -> dict[str, float]:
+def one_round(bench: Bench, source: str, n: int, tag: str, together: int = 1, pruned: bool = False,
+              gate: bool = False) -> dict[str, float]:
     producer = ImporterProducer(bench.url, bench.importer_env(new_prefix("sc")))
     try:
         store = producer.side.api.store
+        if gate:  # [ledger] start.lua's gate on, as with a ledger configured, and open (renewed)
+            store.settings = dataclasses.replace(store.settings, database_url="postgresql://gate-only")
+            store.renew_gate("main", verified=True, ttl_ms=3_600_000)
         jobs = []
         for i in range(n):
             batch_id, csv = f"{tag}-{i}", csv_3rows(i)
@@ -204,6 +209,8 @@ def main() -> int:
     ap.add_argument("--against", metavar="REV", help="also measure the scripts of this git revision, alternating")
     ap.add_argument("--segments", action="store_true", help="then time each top-level statement of the script")
     ap.add_argument("--pruned", action="store_true", help="every import passes the ledger's door (markers were pruned)")
+    ap.add_argument("--gate", action="store_true",
+                    help="also measure this tree with start.lua's ledger gate on (a ledger configured), alternating")
     ap.add_argument("--together", default="1", metavar="N,N...",
                     help="imports per call, each a row (e.g. 1,4,16; --against runs each size too)")
     a = ap.parse_args()
@@ -219,13 +226,16 @@ def main() -> int:
             return tree if size == 1 else f"{tree}, {size} per call"
 
         sources = {named("this tree", size): (this, size) for size in sizes}
+        if a.gate:
+            sources.update({named("this tree, gate on", size): (this, size) for size in sizes})
         if a.against:
             then = scripts_at(a.against).lua_source("start_apply")
             sources.update({named(a.against, size): (then, size) for size in sizes})
         rounds: dict[str, list[dict[str, float]]] = {name: [] for name in sources}
         for rep in range(a.repeat):
             for name, (source, size) in (sources.items() if rep % 2 == 0 else reversed(sources.items())):
-                rounds[name].append(one_round(bench, source, a.n, f"r{rep}-{uuid.uuid4().hex[:6]}", size, a.pruned))
+                rounds[name].append(one_round(bench, source, a.n, f"r{rep}-{uuid.uuid4().hex[:6]}", size, a.pruned,
+                                              gate="gate on" in name))
         door = ", every import through the ledger's door (markers pruned)" if a.pruned else ""
         print(f"\nstart_apply.lua, 3-row imports{door}, N={a.n:,} per round, medians of {a.repeat} rounds "
               f"(valkey {bench.valkey_version}, {bench.server_config})\n")
@@ -247,6 +257,10 @@ def main() -> int:
             medians[name] = m
             cells = [fmt.format(m[key or "lua_us"]) for _, key, fmt in columns]
             print(f"| {name} | " + " | ".join(cells) + " |")
+        for size in sizes if a.gate else []:
+            now, before = medians[named("this tree, gate on", size)], medians[named("this tree", size)]
+            print(f"| gate on ÷ off, {size} per call | EVALSHA {now['evalsha_us'] / before['evalsha_us']:.2f}×, "
+                  f"commands {now['commands'] - before['commands']:+.2f} per import |")
         for size in sizes if a.against else []:
             now, before = medians[named("this tree", size)], medians[named(a.against, size)]
             cells = [f"{now[key or 'lua_us'] / before[key or 'lua_us']:.2f}×" if before[key or "lua_us"] else "—"
