@@ -198,13 +198,99 @@ def test_redis_back_behind_the_ledger_is_caught_then_brought_forward(
         server.stop()
 
 
+
+def recover_under_load(system: System, db: str, statuses: Counter[int], *, old: range) -> int:
+    """Start every process on the Redis that came back behind, a producer POSTing new
+    shipments and re-POSTing ``old`` ones (applied after the older state, held by the
+    ledger) from then on, through the exporter's restore. Then: every POST answered
+    202 or 503 (never 500), every accepted one ended once, each old one a replay, stock
+    the ledger's, verify clean, one ledger.redis_behind line. Returns the new ones."""
+    accepted: list[int] = []
+    replayed: list[int] = []
+    stop = threading.Event()
+
+    def produce() -> None:
+        i = 1000
+        while not stop.is_set():
+            again = old[len(replayed)] if len(replayed) < len(old) and i % 2 else None
+            n = again if again is not None else i
+            try:
+                status, _, _ = system.request("POST", f"/api/imports?batchId=rb-{n}", body=shipment(n), ctype="text/csv")
+            except OSError:
+                status = 0  # no HTTP process listening yet
+            statuses[status] += 1
+            if status == 202:
+                (replayed if again is not None else accepted).append(n)
+            if again is None and status == 202 or again is not None and status != 202:
+                i += 1
+            time.sleep(0.05)
+
+    system.start_worker()
+    system.start_http()
+    producer = threading.Thread(target=produce, daemon=True)  # through the restore
+    producer.start()
+    try:
+        time.sleep(1)
+        exporter = system.start_ledger()
+        wait_for(lambda: "ledger.restored" in exporter.log(), 60, 0.2, message="brought forward by the exporter")
+        # one line, by whichever process marked it first (the worker checks before it consumes)
+        assert sum('"event": "ledger.redis_behind"' in line for p in system.procs for line in p.log().splitlines()) == 1
+        wait_for(lambda: len(replayed) == len(old), 60, 0.2, message="every old batch sent again")
+        time.sleep(1)
+    finally:
+        stop.set()
+        producer.join(30)
+    for i in accepted:
+        assert system.wait_state(job_id_for(f"rb-{i}"), timeout=60)["state"] == "completed", i
+    for i in replayed:
+        record = system.wait_state(job_id_for(f"rb-{i}"), timeout=60)
+        assert record["state"] == "completed" and record["result"].get("replay") is True, record
+    exported(db, old.stop + len(set(accepted)))
+    assert redis_stock(system) == ledger_stock(db)
+    verified = cli(system, "ledger", "verify")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert statuses[500] == 0 and set(statuses) <= {0, 202, 503}, statuses
+    return len(accepted)
+
+
+def test_an_older_snapshot_restored_under_load_is_brought_forward_by_the_exporter(tmp_path: Path, make_database: Any) -> None:
+    """SAVE after A, B applied and exported, everything stopped, the older dump.rdb put
+    back; every process started again with a producer POSTing new shipments and B's
+    batches again throughout, the exporter bringing Redis forward by itself."""
+    server = RedisServer(tmp_path / "redis", rdb=True)
+    server.start()
+    db = make_database()
+    system = System(server.url, tmp_path, env_overrides={
+        **FAULT_ENV, "IMPORTER_DATABASE_URL": db, "IMPORTER_LEDGER_INTERVAL": "0.05"})
+    statuses: Counter[int] = Counter()
+    try:
+        system.start_worker()
+        system.start_http()
+        system.start_ledger()
+        send(system, range(0, 30), statuses)  # A
+        exported(db, 30)
+        server.client().save()
+        backup = tmp_path / "dump-after-a.rdb"
+        shutil.copy(server.dir / "dump.rdb", backup)
+        send(system, range(30, 60), statuses)  # B
+        exported(db, 60)
+        system.stop_all()
+        system.procs.clear()
+        server.kill()
+        shutil.copy(backup, server.dir / "dump.rdb")
+        server.start()
+        new = recover_under_load(system, db, statuses, old=range(30, 60))
+        print(f"[faults] older snapshot under load: {new} new shipments meanwhile, statuses {dict(statuses)}")
+    finally:
+        system.stop_all()
+        server.stop()
+
+
 def test_a_replica_promoted_without_the_last_applies_is_brought_forward_under_load(tmp_path: Path, make_database: Any) -> None:
     """Replication cut (the replica pointed at a dead master) while shipments B are applied and
     exported (their records reached the replica, waiting); the master SIGKILLed; the replica
-    promoted (REPLICAOF NO ONE) and every process started on it, a producer POSTing from
-    then on, through the restore (503 while the location is behind, never 500). The exporter finds the
-    location behind and brings it forward by itself; no POST gets a 500, every accepted
-    shipment ends once, stock is the ledger's, B's batches replay."""
+    promoted (REPLICAOF NO ONE) and every process started on it, with a producer POSTing new
+    shipments and B's batches from then on, through the exporter's restore."""
     master = RedisServer(tmp_path / "master", rdb=True)
     master.start()
     replica = RedisServer(tmp_path / "replica", rdb=True)
@@ -214,22 +300,6 @@ def test_a_replica_promoted_without_the_last_applies_is_brought_forward_under_lo
     system = System(master.url, tmp_path, env_overrides={
         **FAULT_ENV, "IMPORTER_DATABASE_URL": db, "IMPORTER_LEDGER_INTERVAL": "0.05"})
     statuses: Counter[int] = Counter()
-    accepted: list[int] = []
-    stop = threading.Event()
-
-    def produce() -> None:  # new shipments all along, through the promotion
-        i = 1000
-        while not stop.is_set():
-            try:
-                status, _, _ = system.request("POST", f"/api/imports?batchId=rb-{i}", body=shipment(i), ctype="text/csv")
-            except OSError:
-                status = 0  # no HTTP process listening: the restart
-            statuses[status] += 1
-            if status == 202:
-                accepted.append(i)
-                i += 1
-            time.sleep(0.05)
-
     try:
         system.start_worker()
         system.start_http()
@@ -237,7 +307,7 @@ def test_a_replica_promoted_without_the_last_applies_is_brought_forward_under_lo
         send(system, range(0, 30), statuses)  # A
         exported(db, 30)
         # B: recorded on both (a POST waits for the replica), then applied on the master
-        # only, with replication paused, and exported: the ledger holds what the replica lacks
+        # only, with replication cut, and exported: the ledger holds what the replica lacks
         system.procs[0].terminate()
         system.procs[0].wait_stopped()
         for i in range(30, 60):
@@ -256,33 +326,9 @@ def test_a_replica_promoted_without_the_last_applies_is_brought_forward_under_lo
         master.kill()
         replica.client().execute_command("REPLICAOF", "NO", "ONE")
         system.redis_url = replica.url
-        system.start_worker()
-        system.start_http()
-        producer = threading.Thread(target=produce, daemon=True)  # through the restore
-        producer.start()
-        time.sleep(1)
-        exporter = system.start_ledger()
-        wait_for(lambda: "ledger.restored" in exporter.log(), 60, 0.2, message="brought forward by the exporter")
-        # one line, by whichever process marked it first (the worker checks before it consumes)
-        assert sum('"event": "ledger.redis_behind"' in line for p in system.procs for line in p.log().splitlines()) == 1
-        time.sleep(2)
-        stop.set()
-        producer.join(30)
-        for i in accepted:
-            assert system.wait_state(job_id_for(f"rb-{i}"), timeout=60)["state"] == "completed", i
-        for i in range(30, 60, 3):
-            status, body = system.post_csv(f"rb-{i}", shipment(i))
-            assert status == 202, body
-            record = system.wait_state(job_id_for(f"rb-{i}"), timeout=60)
-            assert record["state"] == "completed" and record["result"].get("replay") is True, record
-        exported(db, 60 + len(set(accepted)))
-        assert redis_stock(system) == ledger_stock(db)
-        verified = cli(system, "ledger", "verify")
-        assert verified.returncode == 0, verified.stdout + verified.stderr
-        assert statuses[500] == 0 and set(statuses) <= {0, 202, 503}, statuses
-        print(f"[faults] replica promoted behind: {len(accepted)} new shipments accepted meanwhile, statuses {dict(statuses)}")
+        new = recover_under_load(system, db, statuses, old=range(30, 60))
+        print(f"[faults] replica promoted behind: {new} new shipments meanwhile, statuses {dict(statuses)}")
     finally:
-        stop.set()
         system.stop_all()
         replica.stop()
         master.stop()
