@@ -212,8 +212,8 @@ class SyncWatch:
     """A process's view of which locations are behind the ledger: its own check (when it
     has the ledger) and every process's marks, refreshed every ``every_s`` by a daemon
     thread; :meth:`is_behind` only reads the last view (a POST or an attempt never waits
-    on PostgreSQL but the first). Started before the worker consumes (its boot), or by
-    the first question, in the process that asks (after any fork), with a first check.
+    on PostgreSQL). Started before the worker consumes (its boot), or by the first
+    question, in the process that asks (after any fork).
     Each check renews start.lua's gate where the location is not behind: the gate, not
     this view, is what keeps a restored Redis from applying before it is checked."""
 
@@ -253,18 +253,20 @@ class SyncWatch:
             pass
 
     def start(self) -> None:
-        """Check now, then check and renew in two threads (idempotent)."""
+        """Read the marks now (Redis only: a POST or /health never waits on PostgreSQL),
+        then check and renew in two threads (idempotent). Until the first check, start.lua's
+        gate holds attempts wherever it was not renewed lately."""
         with self._start_lock:
             if self._thread is None:
-                self.refresh()
+                self.refresh(check=False)
                 self._thread = threading.Thread(target=self._loop, args=(self.refresh,), name="ledger-sync", daemon=True)
                 self._thread.start()
                 threading.Thread(target=self._loop, args=(self.renew_steady,), name="ledger-gate", daemon=True).start()
 
     def _loop(self, work: Callable[[], None]) -> None:
         while True:
-            time.sleep(self.every_s)
             try:
                 work()
             except Exception:  # never let the watch die: the next round tries again
                 log.exception("ledger sync watch failed")
+            time.sleep(self.every_s)
