@@ -32,6 +32,7 @@ from bench.suite.common import ROOT, csv_3rows, csv_rows, log
 from bench.suite.producer import preenqueue_importer
 from bench.suite.report import at_most
 from importer.adapters.postgres.embedded import EmbeddedPostgres
+from bench.studies.restore import one_round as restore_round
 from importer.adapters.redis.embedded import EmbeddedRedis
 
 if TYPE_CHECKING:
@@ -290,6 +291,9 @@ def scenario_ledger(b: Bench) -> None:
     http = res.row(sc, f"HTTP enqueue req/s (wrk -t2 -c32 {c.duration} s, importer serve)", "/s",
                    base_label="ledger off", target=_base_at_least(0.9))
     http_p99 = res.row(sc, "HTTP enqueue p99", "ms", base_label="ledger off")
+    restored = (20_000 if c.quick else 100_000)
+    restore = res.row(sc, f"{restored:,} shipments of 3 rows brought forward from the ledger into an empty Redis "
+                          "(importer ledger restore)", "s", target=at_most(10.0, "s"))
     small, large = (20_000, 2) if c.quick else (200_000, 20)
     flat = _at_most_times(grown, 1.1, f"the {n:,}-drain's growth")
     mem_small = res.row(sc, f"Redis used_memory growth after {small:,} small shipments (the same)", "MiB",
@@ -319,6 +323,11 @@ def scenario_ledger(b: Bench) -> None:
             else:
                 (http.imp if on else http.base).append(posted["rps"])
                 (http_p99.imp if on else http_p99.base).append(posted["p99_ms"])
+    for rep in range(c.repeat):
+        log(f"ledger restore rep {rep + 1}/{c.repeat}: {restored:,} shipments")
+        with _servers(base / f"{rep}-restore", True, "{restore}:") as (url, db, _, _client):
+            assert db is not None
+            restore.imp.append(restore_round(url, db, restored)["restore_s"])
     for on in (False, True):  # once: memory after many shipments moves little between runs
         log(f"ledger memory: {small:,} small then {large} of 100,000 rows, {'on' if on else 'off'}")
         mem = memory_round(small, large, on, base / f"memory-{'on' if on else 'off'}")
