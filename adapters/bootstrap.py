@@ -296,7 +296,8 @@ def build_worker(settings: Settings) -> dramatiq.Broker:
     runner = ImportRunner(attempts, settings)
     middleware = [
         Reconciler(store, runner, settings), WorkerPresence(store, settings), LocationConsumers(store), CloseConnections(client),
-        *([StartAtBoot(watch.start)] if watch is not None else []),
+        # the worker checks its Redis against the ledger before it consumes (5 s at most)
+        *([StartAtBoot(lambda: watch.start(wait_s=5.0))] if watch is not None else []),
     ]
     if settings.worker_metrics_port:
         from importer.adapters.processes.worker_metrics import WorkerPrometheus

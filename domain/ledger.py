@@ -305,7 +305,8 @@ def export_location(outbox: LedgerOutbox, ledger: Ledger, location: str, *, max_
 @dataclass(frozen=True, slots=True)
 class LedgerPosition:
     """How far the ledger has come at one location: the journal id of the last entry it
-    committed, how many shipments it holds, and the batch of that last entry."""
+    committed, how many journal entries it committed (each an apply in Redis), and the
+    batch it holds last in journal order."""
 
     location: str
     cursor: StreamId
@@ -316,10 +317,12 @@ class LedgerPosition:
 @dataclass(frozen=True, slots=True)
 class RedisPosition:
     """How far Redis has come at one location: its journal's last id (ZERO: no journal),
-    and whether it has a trace (a done marker, or the filter of pruned ones) of the ledger's last batch."""
+    whether it has a trace (a done marker, or the filter of pruned ones) of the ledger's
+    last batch, and how many applies it counted there (its generation)."""
 
     journal_last: StreamId
     knows_last_batch: bool
+    applies: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,13 +339,15 @@ class Behind:
 def is_behind(ledger: LedgerPosition, redis: RedisPosition) -> bool:
     """Whether Redis lacks a shipment the ledger holds. Redis *ahead* of the ledger (the
     export lag: applied, not yet exported) never is: its journal is at or past the
-    ledger's cursor, and it holds the marker of every batch it applied. Either test alone
-    can miss a case: a Redis restored from an older snapshot whose journal then took a new
-    entry is past the cursor by time, yet lacks the last batch's marker; a marker an
-    operator left by hand does not make the journal catch up."""
+    ledger's cursor, it holds the marker of every batch it applied, and it counted at
+    least as many applies as the ledger committed journal entries. Each test alone can
+    miss a case: a Redis restored from an older snapshot whose journal then took a new
+    entry is past the cursor by time, yet lacks the last batch's marker; one that then
+    applied again the last batch (a job waiting in the snapshot) has its marker, yet
+    counted fewer applies than the ledger holds."""
     if ledger.shipments == 0:
         return False
-    return redis.journal_last < ledger.cursor or not redis.knows_last_batch
+    return redis.journal_last < ledger.cursor or not redis.knows_last_batch or redis.applies < ledger.shipments
 
 
 def restored_stock(

@@ -19,11 +19,13 @@ class LedgerSyncReads:
     pool: ConnectionPool
 
     def positions(self) -> dict[str, LedgerPosition]:
-        """Per location: the cursor, the shipments the ledger holds, and the batch at the cursor."""
+        """Per location: the cursor, the journal entries committed, and the last shipment
+        in journal order (not always the one at the cursor: an entry the ledger met as a
+        second application moves the cursor and writes no shipment)."""
         with ledger_errors(), self.pool.connection() as conn:
             rows = conn.execute(
                 "SELECT c.location, c.journal_ms, c.journal_seq, c.shipments, (SELECT s.batch_id FROM ledger_shipments s"
-                " WHERE s.location = c.location AND s.journal_ms = c.journal_ms AND s.journal_seq = c.journal_seq LIMIT 1)"
+                " WHERE s.location = c.location ORDER BY s.journal_ms DESC, s.journal_seq DESC LIMIT 1)"
                 " FROM ledger_export_cursors c"
             ).fetchall()
         return {str(r[0]): LedgerPosition(str(r[0]), (int(r[1]), int(r[2])), int(r[3]), str(r[4] or "")) for r in rows}
@@ -51,6 +53,11 @@ class LedgerSyncReads:
                 with cur.copy(psycopg.sql.SQL(query).format(psycopg.sql.Literal(location))) as copy:
                     for row in copy.rows():
                         yield str(row[0]), str(row[1]), str(row[2]), str(row[3]), str(row[4]), int(row[5])
+
+    def shipment_count(self, location: str) -> int:
+        with ledger_errors(), self.pool.connection() as conn:
+            row = conn.execute("SELECT count(*) FROM ledger_shipments WHERE location = %s", (location,)).fetchone()
+        return int(row[0]) if row else 0
 
     def archived_batches(self, location: str, batch_ids: list[str]) -> dict[str, StreamId]:
         """Which of these batches the ledger holds at a location, with the journal id it was exported under."""

@@ -50,8 +50,10 @@ log = logging.getLogger("importer.ledger")
 
 #: Seconds between two checks of a process's SyncWatch.
 CHECK_EVERY_S = 1.0
-#: Milliseconds start.lua's gate stays open after a renewal (renewed every CHECK_EVERY_S).
-GATE_TTL_MS = 5000
+#: Milliseconds start.lua's gate stays open after a renewal (renewed every CHECK_EVERY_S by two
+#: threads of each process): a snapshot restored, or a replica promoted, more than this after
+#: the last renewal it holds is closed from its first command.
+GATE_TTL_MS = 2000
 #: Seconds the restore's lock lives unless renewed (it is, every chunk of markers).
 RESTORE_LOCK_S = 60
 #: Markers read from the ledger and written to Redis per chunk.
@@ -100,10 +102,11 @@ class LedgerSync:
             if not is_behind(position, redis_position):
                 continue
             lacking, first_ms, last_ms = self.ledger.held_past(location, redis_position.journal_last)
-            journal_behind = redis_position.journal_last < position.cursor
+            reason = ("journal_behind_ledger" if redis_position.journal_last < position.cursor
+                      else "last_shipment_unknown" if not redis_position.knows_last_batch else "fewer_applies_than_ledger")
             found[location] = Behind(
-                location, max(1, lacking), ((last_ms - first_ms) / 1000) if first_ms and last_ms else 0.0,
-                "journal_behind_ledger" if journal_behind else "last_shipment_unknown",
+                location, max(1, lacking, position.shipments - redis_position.applies),
+                ((last_ms - first_ms) / 1000) if first_ms and last_ms else 0.0, reason,
             )
         return found
 
@@ -153,7 +156,7 @@ class LedgerSync:
         position = self.ledger.positions().get(location)
         if position is None:
             return
-        report.ledger_shipments = position.shipments
+        report.ledger_shipments = self.ledger.shipment_count(location)
         if not dry:  # marked first: nothing is taken there while it runs, also after a kill
             self.store.mark_behind(Behind(location, position.shipments, 0.0, "restoring"), self.store.server_time_ms())
         chunk: list[tuple[str, str, str, str, str, int]] = []
@@ -224,6 +227,7 @@ class SyncWatch:
         self.marks: dict[str, dict[str, str]] = {}
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
+        self._checked = threading.Event()
 
     def is_behind(self, location: str) -> bool:
         if self._thread is None:
@@ -236,6 +240,8 @@ class SyncWatch:
                 self.sync.check_and_renew()
             except (LedgerUnavailable, StoreUnavailable):
                 pass  # the ledger or Redis away: the marks already made still hold
+            finally:
+                self._checked.set()
         try:
             self.marks = self.store.behind_marks(self.store.locations())
         except StoreUnavailable:
@@ -252,16 +258,18 @@ class SyncWatch:
         except StoreUnavailable:
             pass
 
-    def start(self) -> None:
-        """Read the marks now (Redis only: a POST or /health never waits on PostgreSQL),
-        then check and renew in two threads (idempotent). Until the first check, start.lua's
-        gate holds attempts wherever it was not renewed lately."""
+    def start(self, wait_s: float = 0.0) -> None:
+        """Read the marks now (Redis only), then check and renew in two threads (idempotent);
+        with ``wait_s``, wait that long at most for the first check (a worker, before it
+        consumes). A POST or /health never waits on PostgreSQL. Until the first check,
+        start.lua's gate holds attempts wherever it was not renewed lately."""
         with self._start_lock:
             if self._thread is None:
                 self.refresh(check=False)
                 self._thread = threading.Thread(target=self._loop, args=(self.refresh,), name="ledger-sync", daemon=True)
                 self._thread.start()
                 threading.Thread(target=self._loop, args=(self.renew_steady,), name="ledger-gate", daemon=True).start()
+        self._checked.wait(wait_s)
 
     def _loop(self, work: Callable[[], None]) -> None:
         while True:

@@ -33,12 +33,12 @@ class LedgerSyncSide(RedisStoreBase):
     def redis_position(self, location: str, last_batch_id: str) -> RedisPosition:
         k = self.partition(location)
         with store_errors():
-            last, known = self._script(
-                "sync_position", keys=[k.journal, k.done(last_batch_id or "-"), k.ledger_pruned_filter],
+            last, known, applies = self._script(
+                "sync_position", keys=[k.journal, k.done(last_batch_id or "-"), k.ledger_pruned_filter, k.generation],
                 args=[last_batch_id],
             )
         text = text_of(last)
-        return RedisPosition(parse_stream_id(text) if text else ZERO, int(known) == 1)
+        return RedisPosition(parse_stream_id(text) if text else ZERO, int(known) == 1, int(applies))
 
     def renew_gate(self, location: str, *, verified: bool, ttl_ms: int) -> bool:
         """Renew start.lua's gate (ledger_verified.lua): ``verified`` after a check found this

@@ -43,9 +43,16 @@ def shipment(i: int) -> bytes:
 
 
 def send(system: System, batches: range, statuses: Counter[int]) -> None:
+    """POST each, as a client would: again after a 503 store.behind_ledger (each process drops
+    a location's mark from its view within a second of the restore)."""
     for i in batches:
-        status, body = system.post_csv(f"rb-{i}", shipment(i))
-        statuses[status] += 1
+        deadline = time.monotonic() + 10
+        while True:
+            status, body = system.post_csv(f"rb-{i}", shipment(i))
+            statuses[status] += 1
+            if status != 503 or body.get("code") != "store.behind_ledger" or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         assert status == 202, body
     for i in batches:
         assert system.wait_state(job_id_for(f"rb-{i}"), timeout=60)["state"] == "completed"
@@ -75,6 +82,45 @@ def redis_stock(system: System) -> dict[str, int]:
     return {sku: units for sku, units in store.stock_all("main").items() if sku in SKUS}
 
 
+def ledger_system(url: str, tmp_path: Path, db: str, **env: str) -> System:
+    return System(url, tmp_path, env_overrides={
+        **FAULT_ENV, "IMPORTER_DATABASE_URL": db, "IMPORTER_LEDGER_INTERVAL": "0.05", **env})
+
+
+def start_all(system: System) -> None:
+    system.start_worker()
+    system.start_http()
+    system.start_ledger()
+
+
+def put_back(system: System, server: RedisServer, backup: Path | None) -> None:
+    """Every process stopped, the server SIGKILLed, ``backup`` put back as its dump.rdb
+    (None: nothing, an empty Redis), the server started again."""
+    system.stop_all()
+    system.procs.clear()
+    server.kill()
+    (server.dir / "dump.rdb").unlink(missing_ok=True)
+    if backup is not None:
+        shutil.copy(backup, server.dir / "dump.rdb")
+    server.start()
+
+
+def snapshot_with_waiting(system: System, server: RedisServer, tmp_path: Path, waiting: range) -> Path:
+    """With no worker, ``waiting`` POSTed; SAVE (they wait in the snapshot: a copy of its
+    dump.rdb is returned); a worker started again applies them (the ledger will hold them)."""
+    system.procs[0].terminate()  # the worker (started first)
+    system.procs[0].wait_stopped()
+    for i in waiting:
+        assert system.post_csv(f"rb-{i}", shipment(i))[0] == 202
+    server.client().save()
+    backup = tmp_path / "dump-with-waiting.rdb"
+    shutil.copy(server.dir / "dump.rdb", backup)
+    system.start_worker()
+    for i in waiting:
+        assert system.wait_state(job_id_for(f"rb-{i}"), timeout=60)["state"] == "completed"
+    return backup
+
+
 @pytest.mark.parametrize(("how", "kill_at"), [
     ("older_snapshot", ""), ("emptied", ""),
     ("older_snapshot", "restore_markers"), ("older_snapshot", "restore_stock"), ("emptied", "restore_clear"),
@@ -85,40 +131,20 @@ def test_redis_back_behind_the_ledger_is_caught_then_brought_forward(
     server = RedisServer(tmp_path / "redis", rdb=True)
     server.start()
     db = make_database()
-    system = System(server.url, tmp_path, env_overrides={
-        **FAULT_ENV, "IMPORTER_DATABASE_URL": db, "IMPORTER_LEDGER_INTERVAL": "0.05",
-        "IMPORTER_LEDGER_AUTO_RESTORE": "0",
-    })
+    system = ledger_system(server.url, tmp_path, db, IMPORTER_LEDGER_AUTO_RESTORE="0")
     statuses: Counter[int] = Counter()
     try:
-        system.start_worker()
-        system.start_http()
-        system.start_ledger()
+        start_all(system)
         send(system, range(0, 37), statuses)  # A
-        # ...and 3 of them waiting when the snapshot is taken (no worker): the ledger will hold
-        # them applied, the snapshot waiting; they must end as replays, never apply twice
-        system.procs[0].terminate()
-        system.procs[0].wait_stopped()
-        for i in range(37, 40):
-            assert system.post_csv(f"rb-{i}", shipment(i))[0] == 202
-        server.client().save()
-        backup = tmp_path / "dump-after-a.rdb"
-        shutil.copy(server.dir / "dump.rdb", backup)
-        system.start_worker()
-        for i in range(37, 40):
-            assert system.wait_state(job_id_for(f"rb-{i}"), timeout=60)["state"] == "completed"
+        # ...and 3 of them waiting when the snapshot is taken: the ledger will hold them
+        # applied, the snapshot waiting; they must end as replays, never apply twice
+        backup = snapshot_with_waiting(system, server, tmp_path, range(37, 40))
         send(system, range(40, 80), statuses)  # B
         exported(db, 80)
         receipt_b = system.request("GET", "/api/shipments/rb-45/receipt")[2]
         assert redis_stock(system) == ledger_stock(db)
 
-        system.stop_all()
-        system.procs.clear()
-        server.kill()
-        (server.dir / "dump.rdb").unlink()
-        if how == "older_snapshot":
-            shutil.copy(backup, server.dir / "dump.rdb")
-        server.start()
+        put_back(system, server, backup if how == "older_snapshot" else None)
         behind_stock = redis_stock(system)
         assert behind_stock != ledger_stock(db)
 
@@ -260,13 +286,10 @@ def test_an_older_snapshot_restored_under_load_is_brought_forward_by_the_exporte
     server = RedisServer(tmp_path / "redis", rdb=True)
     server.start()
     db = make_database()
-    system = System(server.url, tmp_path, env_overrides={
-        **FAULT_ENV, "IMPORTER_DATABASE_URL": db, "IMPORTER_LEDGER_INTERVAL": "0.05"})
+    system = ledger_system(server.url, tmp_path, db)
     statuses: Counter[int] = Counter()
     try:
-        system.start_worker()
-        system.start_http()
-        system.start_ledger()
+        start_all(system)
         send(system, range(0, 30), statuses)  # A
         exported(db, 30)
         server.client().save()
@@ -274,11 +297,7 @@ def test_an_older_snapshot_restored_under_load_is_brought_forward_by_the_exporte
         shutil.copy(server.dir / "dump.rdb", backup)
         send(system, range(30, 60), statuses)  # B
         exported(db, 60)
-        system.stop_all()
-        system.procs.clear()
-        server.kill()
-        shutil.copy(backup, server.dir / "dump.rdb")
-        server.start()
+        put_back(system, server, backup)
         new = recover_under_load(system, db, statuses, old=range(30, 60))
         print(f"[faults] older snapshot under load: {new} new shipments meanwhile, statuses {dict(statuses)}")
     finally:
@@ -297,13 +316,10 @@ def test_a_replica_promoted_without_the_last_applies_is_brought_forward_under_lo
     replica.extra = ["--replicaof", "127.0.0.1", str(master.port)]
     replica.start()
     db = make_database()
-    system = System(master.url, tmp_path, env_overrides={
-        **FAULT_ENV, "IMPORTER_DATABASE_URL": db, "IMPORTER_LEDGER_INTERVAL": "0.05"})
+    system = ledger_system(master.url, tmp_path, db)
     statuses: Counter[int] = Counter()
     try:
-        system.start_worker()
-        system.start_http()
-        system.start_ledger()
+        start_all(system)
         send(system, range(0, 30), statuses)  # A
         exported(db, 30)
         # B: recorded on both (a POST waits for the replica), then applied on the master
@@ -332,3 +348,66 @@ def test_a_replica_promoted_without_the_last_applies_is_brought_forward_under_lo
         system.stop_all()
         replica.stop()
         master.stop()
+
+
+
+@pytest.mark.parametrize("applied_after", [5, 0], ids=["some_not_waiting", "all_waiting"])
+def test_second_applications_that_slipped_in_before_the_check(tmp_path: Path, make_database: Any, applied_after: int) -> None:
+    """The window start.lua's gate leaves (a snapshot restored within its last renewal's
+    2 s), forced: a worker with no ledger configured (so no gate, no check) applies again
+    the 3 jobs that were waiting in the snapshot, which the ledger holds applied.
+
+    * some_not_waiting: 5 more shipments were applied after the snapshot and were not
+      waiting in it. Redis then counted fewer applies than the ledger holds: found behind
+      (though it has the ledger's last batch's marker), and the restore undoes the 3 second
+      applications (stock as the ledger's movements end, their journal entries dropped).
+    * all_waiting: every shipment after the snapshot was waiting in it: applied again on
+      the same stock, Redis is not behind; the exporter meets the 3 entries as second
+      applications, logs each at error, and exports none twice.
+
+    Either way: stock is the ledger's, nothing is in the ledger twice, verify is clean."""
+    server = RedisServer(tmp_path / "redis", rdb=True)
+    server.start()
+    db = make_database()
+    system = ledger_system(server.url, tmp_path, db)
+    statuses: Counter[int] = Counter()
+    total = 33 + applied_after
+    try:
+        start_all(system)
+        send(system, range(0, 30), statuses)
+        backup = snapshot_with_waiting(system, server, tmp_path, range(30, 33))
+        send(system, range(33, 33 + applied_after), statuses)
+        exported(db, total)
+        put_back(system, server, backup)
+
+        system.start_worker(IMPORTER_DATABASE_URL="")  # no ledger: no gate, no check
+        system.start_http(IMPORTER_DATABASE_URL="")
+        for i in range(30, 33):
+            record = system.wait_state(job_id_for(f"rb-{i}"), timeout=60)
+            assert record["state"] == "completed" and record["result"].get("replay") is None, record  # applied again
+        system.stop_all()
+        system.procs.clear()
+
+        system.start_worker()
+        system.start_http()
+        exporter = system.start_ledger()
+        if applied_after:
+            wait_for(lambda: "ledger.restored" in exporter.log(), 60, 0.2, message="brought forward by the exporter")
+            restored = next(json.loads(line) for line in exporter.log().splitlines() if '"ledger.restored"' in line)
+            assert "3 second application(s) undone" in restored["detail"], restored
+            assert "ledger.second_application" not in exporter.log()  # undone before the exporter met them
+        else:
+            wait_for(lambda: exporter.log().count('"event": "ledger.second_application"') == 3, 60, 0.2,
+                     message="the exporter's alarm for each")
+            assert "ledger.redis_behind" not in "".join(p.log() for p in system.procs)
+        assert redis_stock(system) == ledger_stock(db)
+        send(system, range(50, 53), statuses)
+        exported(db, total + 3)
+        assert redis_stock(system) == ledger_stock(db)
+        with psycopg.connect(db) as conn:
+            assert conn.execute("SELECT count(*), count(DISTINCT batch_id) FROM ledger_shipments").fetchone() == (total + 3,) * 2
+        verified = cli(system, "ledger", "verify")
+        assert verified.returncode == 0, verified.stdout + verified.stderr
+    finally:
+        system.stop_all()
+        server.stop()
