@@ -578,3 +578,73 @@ def test_a_location_whose_partition_came_back_empty_is_caught_alone_and_brought_
         assert system.wait_state(job_id_for("cl-3", lost), timeout=60)["result"].get("replay") is True
     finally:
         system.stop_all()
+
+
+def test_one_master_restored_from_an_older_rdb_is_caught_alone_and_brought_forward(
+    fresh_cluster: Any, tmp_path: Path, make_database: Any,
+) -> None:
+    """[ledger] A cluster of 3 masters without replicas, RDB only: SAVE on the master of one
+    location, more shipments everywhere (applied and exported), that master SIGKILLed and
+    started again on its older dump.rdb (same node id) while the other masters keep their
+    data. Only that location is behind (503 store.behind_ledger there), the others take
+    shipments; the exporter brings it forward by itself: stock the ledger's, a batch
+    applied after the snapshot a replay."""
+    import shutil
+
+    import psycopg
+
+    cluster = fresh_cluster(masters=3, replicas_per_master=0, extra_config={"appendonly": "no"})
+    database = make_database()
+    system = cluster_system(cluster, tmp_path, IMPORTER_DATABASE_URL=database, IMPORTER_LEDGER_INTERVAL="0.05",
+                            **{k: v for k, v in FAULT_ENV.items() if k != "IMPORTER_REDIS_SOCKET_TIMEOUT"})
+    locations = [loc for locs in declared(system, spread_locations(cluster, system.prefix, per_master=1)).values()
+                 for loc in locs]
+    lost = next(loc for loc in locations if loc != MAIN)
+    node = cluster.node_of_key(Keys(system.prefix, lost).stock)
+
+    def post(batch: str, location: str, rows: bytes) -> int:
+        status, _, _ = system.request("POST", f"/api/imports?batchId={batch}&location={location}", body=rows,
+                                      ctype="text/csv")
+        return status
+
+    def send(batches: range) -> None:
+        for loc in locations:
+            for i in batches:
+                assert post(f"cr-{i}", loc, f"sku,quantity\nCR-{i % 2},{i + 1}\n".encode()) == 202
+        for loc in locations:
+            for i in batches:
+                assert system.wait_state(job_id_for(f"cr-{i}", loc), timeout=60)["state"] == "completed"
+
+    def exported(count: int) -> None:
+        def done() -> bool:
+            with psycopg.connect(database) as conn:
+                row = conn.execute("SELECT count(*) FROM ledger_shipments").fetchone()
+            return bool(row and row[0] == count)
+        wait_for(done, 60, 0.2, message=f"{count} exported")
+
+    try:
+        system.start_worker()
+        system.start_http()
+        exporter = system.start_ledger()
+        send(range(0, 4))
+        exported(4 * len(locations))
+        node.client().save()
+        backup = tmp_path / "older.rdb"
+        shutil.copy(node.dir / "dump.rdb", backup)
+        send(range(4, 8))
+        exported(8 * len(locations))
+        cluster.kill(node)
+        shutil.copy(backup, node.dir / "dump.rdb")
+        cluster.restart(node)
+
+        wait_for(lambda: "ledger.restored" in exporter.log(), 60, 0.2, message="brought forward by the exporter")
+        behind = [json.loads(line) for p in system.procs for line in p.log().splitlines() if '"ledger.redis_behind"' in line]
+        assert [b["location"] for b in behind] == [lost] and behind[0]["shipments"] == 4, behind
+        other = next(loc for loc in locations if loc != lost)
+        wait_for(lambda: post("cr-9", other, b"sku,quantity\nCR-0,1\n") == 202, 30, 0.2, message="another location takes")
+        assert system.wait_state(job_id_for("cr-9", other), timeout=60)["state"] == "completed"
+        assert system.store().stock_of(["CR-0", "CR-1"], lost) == {"CR-0": 1 + 3 + 5 + 7, "CR-1": 2 + 4 + 6 + 8}
+        wait_for(lambda: post("cr-6", lost, b"sku,quantity\nCR-0,7\n") == 202, 30, 0.2, message="taken again")
+        assert system.wait_state(job_id_for("cr-6", lost), timeout=60)["result"].get("replay") is True
+    finally:
+        system.stop_all()
