@@ -55,10 +55,12 @@ class Exporter:
         marked, then, with IMPORTER_LEDGER_AUTO_RESTORE, brought forward (ledger_sync.py).
         Nothing is exported where a mark remains."""
         sync = LedgerSync(self.store, self.ledger)
+        found: set[str] = set()
         if time.monotonic() - self.checked_at >= 1.0:
-            sync.check_and_renew()
+            found = set(sync.check_and_renew())
             self.checked_at = time.monotonic()
-        marked = set(self.store.behind_marks(self.store.locations()))
+        # with the ledger's own locations found behind: an emptied Redis lost its registry of locations too
+        marked = set(self.store.behind_marks(set(self.store.locations()) | found))
         if self.settings.ledger_auto_restore:
             for location in sorted(marked):
                 report = sync.restore(location)

@@ -196,6 +196,8 @@ class LedgerSync:
         self.store.rewrite_receipts(location, {b: r for b, r in receipts.items() if r})
         self.store.drop_journal_entries(location, [e.stream_id for e in second])
         self.store.raise_journal_floor(location, position.cursor)
+        # An emptied Redis lost the registry of declared locations too: the ledger's are declared again.
+        self.store.declare_locations([location])
         self.fault("restore_clear")
         self.store.clear_behind(location)
         self.store.renew_gate(location, verified=True, ttl_ms=GATE_TTL_MS)

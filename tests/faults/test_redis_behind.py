@@ -411,3 +411,42 @@ def test_second_applications_that_slipped_in_before_the_check(tmp_path: Path, ma
     finally:
         system.stop_all()
         server.stop()
+
+
+def test_an_emptied_redis_gets_back_the_ledgers_locations_too(tmp_path: Path, make_database: Any) -> None:
+    """An emptied Redis lost the registry of declared locations with the rest. Started with
+    no location declared (IMPORTER_LOCATIONS empty), the exporter still finds paris behind
+    (the ledger knows it), brings it forward and declares it again: a re-POST there replays."""
+    server = RedisServer(tmp_path / "redis", rdb=True)
+    server.start()
+    db = make_database()
+    system = ledger_system(server.url, tmp_path, db)
+    try:
+        start_all(system)
+        status, _, raw = system.request("POST", "/api/imports?batchId=rb-p&location=paris", body=shipment(1), ctype="text/csv")
+        assert status == 202, raw
+        assert system.wait_state(job_id_for("rb-p", "paris"), timeout=60)["state"] == "completed"
+        exported(db, 0)  # main: none
+        def held() -> bool:
+            with psycopg.connect(db) as conn:
+                return conn.execute("SELECT count(*) FROM ledger_shipments WHERE location = 'paris'").fetchone() == (1,)
+        wait_for(held, 60, 0.1, message="exported")
+        put_back(system, server, None)
+        nowhere = {"IMPORTER_LOCATIONS": ""}
+        system.start_worker(**nowhere)
+        system.start_http(**nowhere)
+        exporter = system.start_ledger(**nowhere)
+        wait_for(lambda: "ledger.restored" in exporter.log(), 60, 0.2, message="paris brought forward")
+        assert "paris" in system.store().locations()
+
+        def replayed() -> bool:
+            status, _, raw = system.request("POST", "/api/imports?batchId=rb-p&location=paris", body=shipment(1),
+                                            ctype="text/csv")
+            assert status in (202, 503), raw
+            return status == 202
+        wait_for(replayed, 10, 0.2, message="taken at paris")
+        assert system.wait_state(job_id_for("rb-p", "paris"), timeout=60)["result"].get("replay") is True
+        assert system.store().stock_of([SKUS[1], SKUS[4]], "paris") == {SKUS[1]: 2, SKUS[4]: 2}
+    finally:
+        system.stop_all()
+        server.stop()
